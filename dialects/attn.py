@@ -1,0 +1,1132 @@
+"""The `attn` dialect: attention as a composition of ten building blocks.
+
+A variant is a `func.func` whose arguments are q, k, v (`tensor<?xHx?xDxT>`, batch
+and sequence dynamic, heads and head dim static) plus extra tensors (ALiBi slopes,
+document ids, QK-norm weights, sink logits). Pre-matmul ops (`attn.rope`,
+`attn.norm`, `attn.scale` on tensors) transform q or k; `attn.qk` produces the
+never-materialised score matrix (`!attn.scores<H>`); post-matmul ops (`attn.mask`,
+`attn.bias`, `attn.softcap`, `attn.score_mod`, `attn.scale` on scores) transform
+scores; `attn.softmax` turns scores into probabilities (`!attn.probs<H>`) and
+`attn.pv` multiplies them with v.
+
+Positions: key/value token j has position j (0..Nk-1); a tensor of N rows holds the
+*last* N positions of the key sequence (Nk-N..Nk-1), so queries are the last Nq
+tokens (the KV-cache convention) and RoPE and masks agree for prefill and decode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    DictionaryAttr,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f32,
+    f64,
+    i32,
+    i64,
+)
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    AnyAttr,
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsTerminator, Pure
+from xdsl.utils.exceptions import VerifyException
+
+# --------------------------------------------------------------------------- types
+
+
+@irdl_attr_definition
+class ScoresType(ParametrizedAttribute, TypeAttribute):
+    """The score matrix `[B, heads, Nq, Nk]` of one attention: never materialised."""
+
+    name = "attn.scores"
+    heads: IntAttr
+
+    def __init__(self, heads: int | IntAttr):
+        super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(str(self.heads.data))
+
+
+@irdl_attr_definition
+class ProbsType(ParametrizedAttribute, TypeAttribute):
+    """Row-normalised attention probabilities `[B, heads, Nq, Nk]` (softmax output)."""
+
+    name = "attn.probs"
+    heads: IntAttr
+
+    def __init__(self, heads: int | IntAttr):
+        super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(str(self.heads.data))
+
+
+# RoPE scaling schemes: each changes only inv_freq and a magnitude factor on cos/sin.
+# name -> {parameter: default or None when required}
+ROPE_SCALINGS: dict[str, dict[str, float | None]] = {
+    "linear": {"factor": None},
+    "llama3": {
+        "factor": None,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position": 8192.0,
+    },
+    "yarn": {
+        "factor": None,
+        "original_max_position": None,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "attention_factor": 0.0,  # 0 means the YaRN default 0.1 * ln(factor) + 1
+    },
+}
+
+
+@irdl_attr_definition
+class RopeScalingAttr(ParametrizedAttribute):
+    """A RoPE frequency-scaling scheme, e.g. `#attn.rope_scaling<llama3, factor = 8.0>`.
+
+    `linear` divides every frequency by `factor`; `llama3` divides low frequencies by
+    `factor` and interpolates smoothly between `low_freq_factor` and `high_freq_factor`
+    wavelengths of `original_max_position`; `yarn` blends interpolated and
+    extrapolated frequencies between the `beta_fast`/`beta_slow` rotation counts and
+    multiplies cos/sin by `attention_factor`.
+    """
+
+    name = "attn.rope_scaling"
+    kind: StringAttr
+    params: DictionaryAttr
+
+    def __init__(self, kind: str, **params: float):
+        super().__init__(
+            StringAttr(kind),
+            DictionaryAttr({k: FloatAttr(float(v), f64) for k, v in params.items()}),
+        )
+
+    @property
+    def values(self) -> dict[str, float]:
+        """The parameters with defaults filled in."""
+        spec = ROPE_SCALINGS.get(self.kind.data, {})
+        out = {k: v for k, v in spec.items() if v is not None}
+        for k, v in self.params.data.items():
+            assert isinstance(v, FloatAttr)
+            out[k] = float(v.value.data)
+        return out
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            kind = parser.parse_identifier("rope scaling kind (linear, llama3 or yarn)")
+            params: dict[str, Attribute] = {}
+            while parser.parse_optional_punctuation(",") is not None:
+                key = parser.parse_identifier("rope scaling parameter name")
+                parser.parse_punctuation("=")
+                params[key] = FloatAttr(float(parser.parse_number()), f64)
+        return (StringAttr(kind), DictionaryAttr(params))
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(self.kind.data)
+            for k, v in self.params.data.items():
+                assert isinstance(v, FloatAttr)
+                printer.print_string(f", {k} = {_fmt_float(float(v.value.data))}")
+
+    def verify(self) -> None:
+        kind = self.kind.data
+        if kind not in ROPE_SCALINGS:
+            raise VerifyException(
+                f"unknown rope scaling '{kind}', expected one of {', '.join(ROPE_SCALINGS)}"
+            )
+        spec = ROPE_SCALINGS[kind]
+        for k, v in self.params.data.items():
+            if k not in spec:
+                raise VerifyException(
+                    f"rope scaling '{kind}' has no parameter '{k}', expected {', '.join(spec)}"
+                )
+            if not isinstance(v, FloatAttr):
+                raise VerifyException(f"rope scaling parameter '{k}' must be a float")
+        for k, default in spec.items():
+            if default is None and k not in self.params.data:
+                raise VerifyException(f"rope scaling '{kind}' needs parameter '{k}'")
+        vals = self.values
+        if vals["factor"] <= 0:
+            raise VerifyException(f"rope scaling factor must be > 0, got {vals['factor']}")
+        if kind == "llama3" and not vals["high_freq_factor"] > vals["low_freq_factor"] > 0:
+            raise VerifyException(
+                "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0"
+            )
+        if "original_max_position" in vals and vals["original_max_position"] <= 0:
+            raise VerifyException("rope scaling original_max_position must be > 0")
+
+
+def _fmt_float(v: float) -> str:
+    text = repr(float(v))
+    return text if ("." in text or "e" in text or "n" in text) else text + ".0"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _qkv_shape(value: SSAValue, what: str) -> tuple[int, ...]:
+    """Shape of a `[B, H, N, D]` tensor operand; heads and head dim must be static."""
+    t = value.type
+    if not isinstance(t, TensorType) or len(t.get_shape()) != 4:
+        raise VerifyException(f"{what} must be a rank-4 tensor [B, H, N, D], got {t}")
+    shape = t.get_shape()
+    if shape[1] < 1 or shape[3] < 1:
+        raise VerifyException(f"{what} must have static heads and head dim, got {t}")
+    if not _is_float(t.get_element_type()):
+        raise VerifyException(f"{what} must have a float element type, got {t}")
+    return tuple(shape)
+
+
+def _is_float(t: Attribute) -> bool:
+    from xdsl.dialects.builtin import AnyFloat
+
+    return isinstance(t, AnyFloat)
+
+
+def _float_prop(value: float) -> FloatAttr:
+    return FloatAttr(float(value), f64)
+
+
+def _heads(t: Attribute) -> int:
+    if isinstance(t, ScoresType | ProbsType):
+        return t.heads.data
+    assert isinstance(t, TensorType)
+    return t.get_shape()[1]
+
+
+# --------------------------------------------------------------------------- pre-matmul ops
+
+
+@irdl_op_definition
+class RopeOp(IRDLOperation):
+    """Rotary position embedding of q or k.
+
+    Pairs of the first `rotary_dim` channels are rotated by angle pos * inv_freq[i]:
+    `half` style pairs channel i with i + rotary_dim/2 (GPT-NeoX, HF Llama),
+    `interleaved` pairs 2i with 2i+1 (GPT-J). inv_freq[i] = theta^(-2i/rotary_dim),
+    changed by `scaling`, or given explicitly as the `inv_freq` operand
+    (`tensor<rotary_dim/2 x f32>`). Channels past `rotary_dim` pass through.
+    """
+
+    name = "attn.rope"
+    input = operand_def(TensorType)
+    inv_freq = opt_operand_def(TensorType)
+    theta = prop_def(FloatAttr)
+    style = prop_def(StringAttr)
+    rotary_dim = prop_def(IntegerAttr)
+    scaling = opt_prop_def(RopeScalingAttr)
+    output = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    STYLES: ClassVar = ("half", "interleaved")
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        *,
+        theta: float = 10000.0,
+        style: str = "half",
+        rotary_dim: int,
+        scaling: RopeScalingAttr | None = None,
+        inv_freq: SSAValue | Operation | None = None,
+    ):
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {
+            "theta": _float_prop(theta),
+            "style": StringAttr(style),
+            "rotary_dim": IntegerAttr(rotary_dim, i64),
+        }
+        if scaling is not None:
+            props["scaling"] = scaling
+        super().__init__(
+            operands=[input, [] if inv_freq is None else [inv_freq]],
+            properties=props,
+            result_types=[input.type],
+        )
+
+    def verify_(self) -> None:
+        shape = _qkv_shape(self.input, "attn.rope input")
+        if self.output.type != self.input.type:
+            raise VerifyException("attn.rope result type must equal its input type")
+        d = shape[3]
+        r = self.rotary_dim.value.data
+        if r <= 0 or r % 2 or r > d:
+            raise VerifyException(
+                f"attn.rope rotary_dim must be even, positive and at most the head dim {d}, "
+                f"got {r}"
+            )
+        if not self.theta.value.data > 0 or math.isinf(self.theta.value.data):
+            raise VerifyException(f"attn.rope theta must be > 0, got {self.theta.value.data}")
+        if self.style.data not in self.STYLES:
+            raise VerifyException(
+                f"attn.rope style must be 'half' or 'interleaved', got '{self.style.data}'"
+            )
+        if self.inv_freq is not None:
+            t = self.inv_freq.type
+            assert isinstance(t, TensorType)
+            if t.get_shape() != (r // 2,) or not _is_float(t.get_element_type()):
+                raise VerifyException(
+                    f"attn.rope inv_freq must be tensor<{r // 2}xf32> (rotary_dim / 2), got {t}"
+                )
+            if self.scaling is not None:
+                raise VerifyException("attn.rope takes either an inv_freq operand or scaling")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(f" {self.style.data}")
+        printer.print_string(f" theta = {_fmt_float(self.theta.value.data)}")
+        printer.print_string(f" rotary_dim = {self.rotary_dim.value.data}")
+        if self.scaling is not None:
+            printer.print_string(" scaling = ")
+            printer.print_attribute(self.scaling)
+        if self.inv_freq is not None:
+            printer.print_string(" inv_freq(")
+            printer.print_operand(self.inv_freq)
+            printer.print_string(" : ")
+            printer.print_attribute(self.inv_freq.type)
+            printer.print_string(")")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> RopeOp:
+        x = parser.parse_unresolved_operand()
+        style = parser.parse_identifier("rope style (half or interleaved)")
+        parser.parse_keyword("theta")
+        parser.parse_punctuation("=")
+        theta = float(parser.parse_number())
+        parser.parse_keyword("rotary_dim")
+        parser.parse_punctuation("=")
+        rdim = parser.parse_integer(allow_boolean=False)
+        scaling = None
+        if parser.parse_optional_keyword("scaling") is not None:
+            parser.parse_punctuation("=")
+            scaling = parser.parse_attribute()
+            if not isinstance(scaling, RopeScalingAttr):
+                parser.raise_error("expected #attn.rope_scaling<...>")
+        inv_freq = None
+        if parser.parse_optional_keyword("inv_freq") is not None:
+            with parser.in_parens():
+                f = parser.parse_unresolved_operand()
+                parser.parse_punctuation(":")
+                inv_freq = parser.resolve_operand(f, parser.parse_type())
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        op = cls(
+            parser.resolve_operand(x, t),
+            theta=theta,
+            style=style,
+            rotary_dim=rdim,
+            scaling=scaling,
+            inv_freq=inv_freq,
+        )
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class NormOp(IRDLOperation):
+    """RMS normalisation of q or k over the head dim (QK-norm, as in Qwen3, Gemma 3):
+    x * rsqrt(mean(x^2) + eps) * weight, with an optional `weight` of shape [D]."""
+
+    name = "attn.norm"
+    input = operand_def(TensorType)
+    weight = opt_operand_def(TensorType)
+    eps = prop_def(FloatAttr)
+    output = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        weight: SSAValue | Operation | None = None,
+        eps: float = 1e-6,
+    ):
+        input = SSAValue.get(input)
+        super().__init__(
+            operands=[input, [] if weight is None else [weight]],
+            properties={"eps": _float_prop(eps)},
+            result_types=[input.type],
+        )
+
+    def verify_(self) -> None:
+        shape = _qkv_shape(self.input, "attn.norm input")
+        if self.output.type != self.input.type:
+            raise VerifyException("attn.norm result type must equal its input type")
+        if not self.eps.value.data > 0:
+            raise VerifyException(f"attn.norm eps must be > 0, got {self.eps.value.data}")
+        if self.weight is not None:
+            t = self.weight.type
+            assert isinstance(t, TensorType)
+            if t.get_shape() != (shape[3],) or not _is_float(t.get_element_type()):
+                raise VerifyException(
+                    f"attn.norm weight must be a float tensor<{shape[3]}x...> (the head dim), "
+                    f"got {t}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        printer.print_string(f" eps = {_fmt_float(self.eps.value.data)}")
+        if self.weight is not None:
+            printer.print_string(" weight(")
+            printer.print_operand(self.weight)
+            printer.print_string(" : ")
+            printer.print_attribute(self.weight.type)
+            printer.print_string(")")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> NormOp:
+        x = parser.parse_unresolved_operand()
+        parser.parse_keyword("eps")
+        parser.parse_punctuation("=")
+        eps = float(parser.parse_number())
+        weight = None
+        if parser.parse_optional_keyword("weight") is not None:
+            with parser.in_parens():
+                w = parser.parse_unresolved_operand()
+                parser.parse_punctuation(":")
+                weight = parser.resolve_operand(w, parser.parse_type())
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        op = cls(parser.resolve_operand(x, t), weight, eps)
+        op.attributes.update(attrs)
+        return op
+
+
+class _ScalarOp(IRDLOperation):
+    """Base of ops with one input, one float property and a result of the input's type."""
+
+    PROP: ClassVar[str] = ""
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.operands[0])
+        value = self.properties[self.PROP]
+        assert isinstance(value, FloatAttr)
+        printer.print_string(f" {self.PROP} = {_fmt_float(value.value.data)}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.operands[0].type)
+
+    @classmethod
+    def parse(cls, parser: Parser):
+        x = parser.parse_unresolved_operand()
+        parser.parse_keyword(cls.PROP)
+        parser.parse_punctuation("=")
+        value = float(parser.parse_number())
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        op = cls(parser.resolve_operand(x, t), value)
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class ScaleOp(_ScalarOp):
+    """Multiply q or k (before the matmul) or the scores (after it) by a constant."""
+
+    name = "attn.scale"
+    PROP: ClassVar[str] = "value"
+    input = operand_def(AnyAttr())
+    value = prop_def(FloatAttr)
+    output = result_def(AnyAttr())
+    traits = traits_def(Pure())
+
+    def __init__(self, input: SSAValue | Operation, value: float):
+        input = SSAValue.get(input)
+        super().__init__(
+            operands=[input], properties={"value": _float_prop(value)}, result_types=[input.type]
+        )
+
+    def verify_(self) -> None:
+        if isinstance(self.input.type, TensorType):
+            _qkv_shape(self.input, "attn.scale input")
+        elif not isinstance(self.input.type, ScoresType):
+            raise VerifyException(
+                f"attn.scale input must be a q/k tensor or !attn.scores, got {self.input.type}"
+            )
+        if self.output.type != self.input.type:
+            raise VerifyException("attn.scale result type must equal its input type")
+        if not math.isfinite(self.value.value.data):
+            raise VerifyException(f"attn.scale value must be finite, got {self.value.value.data}")
+
+
+@irdl_op_definition
+class SoftcapOp(_ScalarOp):
+    """Cap scores smoothly: cap * tanh(s / cap) (Gemma 2, Grok)."""
+
+    name = "attn.softcap"
+    PROP: ClassVar[str] = "cap"
+    input = operand_def(ScoresType)
+    cap = prop_def(FloatAttr)
+    output = result_def(ScoresType)
+    traits = traits_def(Pure())
+
+    def __init__(self, input: SSAValue | Operation, cap: float):
+        input = SSAValue.get(input)
+        super().__init__(
+            operands=[input], properties={"cap": _float_prop(cap)}, result_types=[input.type]
+        )
+
+    def verify_(self) -> None:
+        if self.output.type != self.input.type:
+            raise VerifyException("attn.softcap result type must equal its input type")
+        cap = self.cap.value.data
+        if not (cap > 0 and math.isfinite(cap)):
+            raise VerifyException(f"attn.softcap cap must be > 0, got {cap}")
+
+
+# --------------------------------------------------------------------------- the matmuls
+
+
+@irdl_op_definition
+class QKOp(IRDLOperation):
+    """Scores = q . k^T * scale (default 1/sqrt(head dim)).
+
+    With GQA, q has a multiple of k's heads: query head h reads kv head
+    h // (Hq / Hkv)."""
+
+    name = "attn.qk"
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    scale = opt_prop_def(FloatAttr)
+    scores = result_def(ScoresType)
+    traits = traits_def(Pure())
+
+    def __init__(self, q: SSAValue | Operation, k: SSAValue | Operation, scale: float | None = None):
+        q, k = SSAValue.get(q), SSAValue.get(k)
+        assert isinstance(q.type, TensorType)
+        props = {} if scale is None else {"scale": _float_prop(scale)}
+        super().__init__(
+            operands=[q, k], properties=props, result_types=[ScoresType(q.type.get_shape()[1])]
+        )
+
+    @property
+    def effective_scale(self) -> float:
+        if self.scale is not None:
+            return self.scale.value.data
+        assert isinstance(self.q.type, TensorType)
+        return 1.0 / math.sqrt(self.q.type.get_shape()[3])
+
+    def verify_(self) -> None:
+        qs = _qkv_shape(self.q, "attn.qk q")
+        ks = _qkv_shape(self.k, "attn.qk k")
+        if qs[3] != ks[3]:
+            raise VerifyException(f"attn.qk q and k head dims differ: {qs[3]} vs {ks[3]}")
+        if qs[1] % ks[1]:
+            raise VerifyException(
+                f"attn.qk q heads ({qs[1]}) must be a multiple of k heads ({ks[1]})"
+            )
+        if -1 not in (qs[0], ks[0]) and qs[0] != ks[0]:
+            raise VerifyException(f"attn.qk q and k batch sizes differ: {qs[0]} vs {ks[0]}")
+        if _heads(self.scores.type) != qs[1]:
+            raise VerifyException(
+                f"attn.qk result must be !attn.scores<{qs[1]}> (q heads), got {self.scores.type}"
+            )
+        if self.scale is not None:
+            s = self.scale.value.data
+            if not (s > 0 and math.isfinite(s)):
+                raise VerifyException(f"attn.qk scale must be > 0, got {s}")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.q)
+        printer.print_string(", ")
+        printer.print_operand(self.k)
+        if self.scale is not None:
+            printer.print_string(f" scale = {_fmt_float(self.scale.value.data)}")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.q.type)
+        printer.print_string(", ")
+        printer.print_attribute(self.k.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.scores.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> QKOp:
+        q = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        k = parser.parse_unresolved_operand()
+        scale = None
+        if parser.parse_optional_keyword("scale") is not None:
+            parser.parse_punctuation("=")
+            scale = float(parser.parse_number())
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        qt = parser.parse_type()
+        parser.parse_punctuation(",")
+        kt = parser.parse_type()
+        parser.parse_punctuation("->")
+        st = parser.parse_type()
+        op = cls.create(
+            operands=[parser.resolve_operand(q, qt), parser.resolve_operand(k, kt)],
+            properties={} if scale is None else {"scale": _float_prop(scale)},
+            attributes=attrs,
+            result_types=[st],
+        )
+        return op
+
+
+@irdl_op_definition
+class SoftmaxOp(IRDLOperation):
+    """Row softmax of the scores (online in kernels).
+
+    With a `sink` (one logit per query head, gpt-oss), each row's normaliser also
+    counts exp(sink[h]): p = exp(s) / (exp(sink) + sum exp(s)). A row whose scores
+    are all masked gives zeros."""
+
+    name = "attn.softmax"
+    input = operand_def(ScoresType)
+    sink = opt_operand_def(TensorType)
+    output = result_def(ProbsType)
+    traits = traits_def(Pure())
+
+    def __init__(self, input: SSAValue | Operation, sink: SSAValue | Operation | None = None):
+        input = SSAValue.get(input)
+        assert isinstance(input.type, ScoresType)
+        super().__init__(
+            operands=[input, [] if sink is None else [sink]],
+            result_types=[ProbsType(input.type.heads)],
+        )
+
+    def verify_(self) -> None:
+        h = _heads(self.input.type)
+        if _heads(self.output.type) != h:
+            raise VerifyException(f"attn.softmax result must be !attn.probs<{h}>")
+        if self.sink is not None:
+            t = self.sink.type
+            assert isinstance(t, TensorType)
+            if t.get_shape() != (h,) or not _is_float(t.get_element_type()):
+                raise VerifyException(
+                    f"attn.softmax sink must be a float tensor<{h}x...> (one logit per query "
+                    f"head), got {t}"
+                )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        if self.sink is not None:
+            printer.print_string(" sink(")
+            printer.print_operand(self.sink)
+            printer.print_string(" : ")
+            printer.print_attribute(self.sink.type)
+            printer.print_string(")")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.input.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.output.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> SoftmaxOp:
+        s = parser.parse_unresolved_operand()
+        sink = None
+        if parser.parse_optional_keyword("sink") is not None:
+            with parser.in_parens():
+                v = parser.parse_unresolved_operand()
+                parser.parse_punctuation(":")
+                sink = parser.resolve_operand(v, parser.parse_type())
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        st = parser.parse_type()
+        parser.parse_punctuation("->")
+        pt = parser.parse_type()
+        return cls.create(
+            operands=[parser.resolve_operand(s, st)] + ([sink] if sink else []),
+            attributes=attrs,
+            result_types=[pt],
+        )
+
+
+@irdl_op_definition
+class PVOp(IRDLOperation):
+    """out = p . v: the probabilities (an `attn.softmax` result) times the values.
+
+    The result is `[B, Hq, Nq, Dv]`; its element type is the output dtype."""
+
+    name = "attn.pv"
+    p = operand_def(ProbsType)
+    v = operand_def(TensorType)
+    output = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, p: SSAValue | Operation, v: SSAValue | Operation, result_type: TensorType):
+        super().__init__(operands=[p, v], result_types=[result_type])
+
+    def verify_(self) -> None:
+        if not isinstance(self.p.owner, SoftmaxOp):
+            raise VerifyException("attn.pv must be fed by an attn.softmax result")
+        vs = _qkv_shape(self.v, "attn.pv v")
+        h = _heads(self.p.type)
+        if h % vs[1]:
+            raise VerifyException(f"attn.pv probs heads ({h}) must be a multiple of v heads ({vs[1]})")
+        os_ = _qkv_shape(self.output, "attn.pv result")
+        if os_[1] != h or os_[3] != vs[3]:
+            raise VerifyException(
+                f"attn.pv result must have {h} heads and head dim {vs[3]} (v's), "
+                f"got {self.output.type}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.p)
+        printer.print_string(", ")
+        printer.print_operand(self.v)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.p.type)
+        printer.print_string(", ")
+        printer.print_attribute(self.v.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.output.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> PVOp:
+        p = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        v = parser.parse_unresolved_operand()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pt = parser.parse_type()
+        parser.parse_punctuation(",")
+        vt = parser.parse_type()
+        parser.parse_punctuation("->")
+        ot = parser.parse_type()
+        return cls.create(
+            operands=[parser.resolve_operand(p, pt), parser.resolve_operand(v, vt)],
+            attributes=attrs,
+            result_types=[ot],
+        )
+
+
+# --------------------------------------------------------------------------- score modifiers
+
+
+class _ScoreFnOp(IRDLOperation):
+    """Base of `attn.mask`, `attn.bias` and `attn.score_mod`.
+
+    Syntax: `attn.mask %s <kind>[(<int>)][(%extra : type, ...)] [{ region }] : type`.
+    A named kind (`causal`, `sliding_window(w)`, ...) has an empty region; the
+    `custom` kind carries a region whose entry block takes ([score: f32,] b, h,
+    q_idx, kv_idx: i32, then one argument per extra tensor) and yields the result.
+    """
+
+    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {}
+    """kind -> (takes an integer parameter, number of extra tensors); `custom` takes any."""
+    HAS_SCORE_ARG: ClassVar[bool] = False
+    WHAT: ClassVar[str] = ""
+
+    def _init(
+        self,
+        input: SSAValue | Operation,
+        kind: str,
+        param: int | None,
+        extras: Sequence[SSAValue | Operation],
+        body: Region | None,
+    ) -> None:
+        input = SSAValue.get(input)
+        props: dict[str, Attribute] = {"kind": StringAttr(kind)}
+        if param is not None:
+            props["param"] = IntegerAttr(param, i64)
+        IRDLOperation.__init__(
+            self,
+            operands=[input, list(extras)],
+            properties=props,
+            regions=[body if body is not None else Region()],
+            result_types=[input.type],
+        )
+
+    def block_arg_types(self) -> list[Attribute]:
+        """Types of the region's entry-block arguments."""
+        head: list[Attribute] = [f32] if self.HAS_SCORE_ARG else []
+        return head + [i32] * 4 + [e.type for e in self.operands[1:]]
+
+    def verify_(self) -> None:
+        op = self.name
+        kind = self.properties["kind"]
+        assert isinstance(kind, StringAttr)
+        kind = kind.data
+        extras = self.operands[1:]
+        param = self.properties.get("param")
+        region: Region = self.regions[0]
+        if self.results[0].type != self.operands[0].type:
+            raise VerifyException(f"{op} result type must equal its input type")
+        if kind == "custom":
+            if param is not None:
+                raise VerifyException(f"{op} custom form takes no integer parameter")
+            if not region.blocks:
+                raise VerifyException(f"{op} custom form needs a region")
+            block = region.blocks[0]
+            want = self.block_arg_types()
+            got = [a.type for a in block.args]
+            if got != want:
+                names = ("score: f32, " if self.HAS_SCORE_ARG else "") + "b, h, q_idx, kv_idx: i32"
+                raise VerifyException(
+                    f"{op} region must take ({names}, then one argument per extra tensor): "
+                    f"expected ({', '.join(map(str, want))}), got ({', '.join(map(str, got))})"
+                )
+            term = block.last_op
+            if not isinstance(term, YieldOp) or len(term.operands) != 1:
+                raise VerifyException(f"{op} region must end with attn.yield of one value")
+            self._check_yield(term.operands[0].type)
+            return
+        if kind not in self.KINDS:
+            raise VerifyException(
+                f"{op} kind must be one of {', '.join([*self.KINDS, 'custom'])}, got '{kind}'"
+            )
+        if region.blocks:
+            raise VerifyException(f"{op} {kind} takes no region")
+        wants_param, n_extra = self.KINDS[kind]
+        if wants_param != (param is not None):
+            raise VerifyException(
+                f"{op} {kind} " + ("needs an integer parameter" if wants_param else "takes no parameter")
+            )
+        if len(extras) != n_extra:
+            raise VerifyException(f"{op} {kind} takes {n_extra} extra tensor(s), got {len(extras)}")
+        self._verify_named(kind, param.value.data if isinstance(param, IntegerAttr) else None)
+
+    def _check_yield(self, t: Attribute) -> None:
+        raise NotImplementedError
+
+    def _verify_named(self, kind: str, param: int | None) -> None:
+        pass
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.operands[0])
+        kind = self.properties["kind"]
+        assert isinstance(kind, StringAttr)
+        if self.KINDS:  # score_mod has only the custom form and prints no kind
+            printer.print_string(f" {kind.data}")
+        param = self.properties.get("param")
+        if isinstance(param, IntegerAttr):
+            printer.print_string(f"({param.value.data})")
+        extras = self.operands[1:]
+        if extras:
+            printer.print_string("(")
+            for i, e in enumerate(extras):
+                if i:
+                    printer.print_string(", ")
+                printer.print_operand(e)
+                printer.print_string(" : ")
+                printer.print_attribute(e.type)
+            printer.print_string(")")
+        if self.regions[0].blocks:
+            printer.print_string(" ")
+            printer.print_region(self.regions[0])
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.operands[0].type)
+
+    @classmethod
+    def parse(cls, parser: Parser):
+        s = parser.parse_unresolved_operand()
+        if cls.KINDS:
+            kind = parser.parse_identifier(f"{cls.WHAT} kind")
+        else:
+            kind = "custom"
+            parser.parse_optional_keyword("custom")
+        param = None
+        extras: list[SSAValue] = []
+        while parser.parse_optional_punctuation("(") is not None:
+            num = parser.parse_optional_integer(allow_boolean=False, allow_negative=True)
+            if num is not None:
+                param = num
+            else:
+                while True:
+                    e = parser.parse_unresolved_operand()
+                    parser.parse_punctuation(":")
+                    extras.append(parser.resolve_operand(e, parser.parse_type()))
+                    if parser.parse_optional_punctuation(",") is None:
+                        break
+            parser.parse_punctuation(")")
+        region = parser.parse_optional_region()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        t = parser.parse_type()
+        props: dict[str, Attribute] = {"kind": StringAttr(kind)}
+        if param is not None:
+            props["param"] = IntegerAttr(param, i64)
+        return cls.create(
+            operands=[parser.resolve_operand(s, t), *extras],
+            properties=props,
+            attributes=attrs,
+            regions=[region if region is not None else Region()],
+            result_types=[t],
+        )
+
+
+@irdl_op_definition
+class MaskOp(_ScoreFnOp):
+    """Keep a score where the predicate holds, else -inf.
+
+    Named predicates: `causal` (kv_pos <= q_pos), `sliding_window(w)`
+    (0 <= q_pos - kv_pos < w), `prefix_lm(n)` (kv_pos < n or kv_pos <= q_pos),
+    `document(%ids)` (ids[b, q_pos] == ids[b, kv_pos], ids an int tensor [B, Nk]);
+    or `custom` with a region yielding i1. Positions as in the dialect docstring."""
+
+    name = "attn.mask"
+    WHAT: ClassVar[str] = "mask"
+    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {
+        "causal": (False, 0),
+        "sliding_window": (True, 0),
+        "prefix_lm": (True, 0),
+        "document": (False, 1),
+    }
+    input = operand_def(ScoresType)
+    extras = var_operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    param = opt_prop_def(IntegerAttr)
+    body = region_def()
+    output = result_def(ScoresType)
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        kind: str,
+        param: int | None = None,
+        extras: Sequence[SSAValue | Operation] = (),
+        body: Region | None = None,
+    ):
+        self._init(input, kind, param, extras, body)
+
+    def _check_yield(self, t: Attribute) -> None:
+        if t != IntegerType(1):
+            raise VerifyException(f"attn.mask region must yield i1, got {t}")
+
+    def _verify_named(self, kind: str, param: int | None) -> None:
+        if kind == "sliding_window" and param is not None and param < 1:
+            raise VerifyException(f"attn.mask sliding_window must be >= 1, got {param}")
+        if kind == "prefix_lm" and param is not None and param < 0:
+            raise VerifyException(f"attn.mask prefix_lm length must be >= 0, got {param}")
+        if kind == "document":
+            t = self.extras[0].type
+            assert isinstance(t, TensorType)
+            if len(t.get_shape()) != 2 or not isinstance(t.get_element_type(), IntegerType):
+                raise VerifyException(
+                    f"attn.mask document ids must be an integer tensor [B, Nk], got {t}"
+                )
+
+
+@irdl_op_definition
+class BiasOp(_ScoreFnOp):
+    """Add a bias to each score: `alibi(%slopes)` adds slopes[h] * (kv_pos - q_pos)
+    (slopes a float tensor [H]); `custom` yields the bias from a region."""
+
+    name = "attn.bias"
+    WHAT: ClassVar[str] = "bias"
+    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {"alibi": (False, 1)}
+    input = operand_def(ScoresType)
+    extras = var_operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    param = opt_prop_def(IntegerAttr)
+    body = region_def()
+    output = result_def(ScoresType)
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        kind: str,
+        extras: Sequence[SSAValue | Operation] = (),
+        body: Region | None = None,
+    ):
+        self._init(input, kind, None, extras, body)
+
+    def _check_yield(self, t: Attribute) -> None:
+        if not _is_float(t):
+            raise VerifyException(f"attn.bias region must yield a float, got {t}")
+
+    def _verify_named(self, kind: str, param: int | None) -> None:
+        t = self.extras[0].type
+        assert isinstance(t, TensorType)
+        h = _heads(self.input.type)
+        if t.get_shape() != (h,) or not _is_float(t.get_element_type()):
+            raise VerifyException(
+                f"attn.bias alibi slopes must be a float tensor<{h}x...> (one per head), got {t}"
+            )
+
+
+@irdl_op_definition
+class ScoreModOp(_ScoreFnOp):
+    """Replace each score by fn(score, b, h, q_idx, kv_idx): flex_attention's escape
+    hatch. Only the `custom` (region) form exists; the region yields a float."""
+
+    name = "attn.score_mod"
+    WHAT: ClassVar[str] = "score_mod"
+    HAS_SCORE_ARG: ClassVar[bool] = True
+    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {}
+    input = operand_def(ScoresType)
+    extras = var_operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    param = opt_prop_def(IntegerAttr)
+    body = region_def()
+    output = result_def(ScoresType)
+    traits = traits_def(Pure())
+
+    def __init__(
+        self,
+        input: SSAValue | Operation,
+        extras: Sequence[SSAValue | Operation] = (),
+        body: Region | None = None,
+    ):
+        self._init(input, "custom", None, extras, body)
+
+    def _check_yield(self, t: Attribute) -> None:
+        if not _is_float(t):
+            raise VerifyException(f"attn.score_mod region must yield a float, got {t}")
+
+
+@irdl_op_definition
+class ExtractOp(IRDLOperation):
+    """Read one element of an extra tensor inside a mask/bias/score_mod region:
+    `attn.extract %ids[%b, %kv] : tensor<?x?xi32>`. Indices are i32."""
+
+    name = "attn.extract"
+    tensor = operand_def(TensorType)
+    indices = var_operand_def(IntegerType)
+    result = result_def(AnyAttr())
+    traits = traits_def(Pure())
+
+    def __init__(self, tensor: SSAValue | Operation, indices: Sequence[SSAValue | Operation]):
+        tensor = SSAValue.get(tensor)
+        assert isinstance(tensor.type, TensorType)
+        super().__init__(
+            operands=[tensor, list(indices)], result_types=[tensor.type.get_element_type()]
+        )
+
+    def verify_(self) -> None:
+        t = self.tensor.type
+        assert isinstance(t, TensorType)
+        if len(self.indices) != len(t.get_shape()):
+            raise VerifyException(
+                f"attn.extract needs {len(t.get_shape())} indices for {t}, got {len(self.indices)}"
+            )
+        if any(i.type != i32 for i in self.indices):
+            raise VerifyException("attn.extract indices must be i32")
+        if self.result.type != t.get_element_type():
+            raise VerifyException("attn.extract result must be the tensor's element type")
+        if not isinstance(self.parent_op(), _ScoreFnOp):
+            raise VerifyException("attn.extract must be inside a mask, bias or score_mod region")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.tensor)
+        printer.print_string("[")
+        printer.print_list(self.indices, printer.print_operand)
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.tensor.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ExtractOp:
+        t = parser.parse_unresolved_operand()
+        idx = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, parser.parse_unresolved_operand
+        )
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        tt = parser.parse_type()
+        op = cls(parser.resolve_operand(t, tt), [parser.resolve_operand(i, i32) for i in idx])
+        op.attributes.update(attrs)
+        return op
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Terminator of a mask, bias or score_mod region: its value is the result."""
+
+    name = "attn.yield"
+    values = var_operand_def(AnyAttr())
+    traits = traits_def(IsTerminator(), HasParent(MaskOp, BiasOp, ScoreModOp), Pure())
+    assembly_format = "attr-dict ($values^ `:` type($values))?"
+
+    def __init__(self, *values: SSAValue | Operation):
+        super().__init__(operands=[list(values)])
+
+
+def new_region(arg_types: Sequence[Attribute]) -> tuple[Region, Block]:
+    """An empty single-block region for a custom mask/bias/score_mod."""
+    block = Block(arg_types=arg_types)
+    return Region(block), block
+
+
+PRE_MATMUL_OPS = (RopeOp, NormOp, ScaleOp)
+SCORE_OPS = (ScaleOp, MaskOp, BiasOp, SoftcapOp, ScoreModOp)
+
+Attn = Dialect(
+    "attn",
+    [
+        RopeOp,
+        NormOp,
+        ScaleOp,
+        QKOp,
+        MaskOp,
+        BiasOp,
+        SoftcapOp,
+        ScoreModOp,
+        SoftmaxOp,
+        PVOp,
+        ExtractOp,
+        YieldOp,
+    ],
+    [ScoresType, ProbsType, RopeScalingAttr],
+)
