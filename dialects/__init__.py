@@ -13,4 +13,9 @@ def get_all_dialects() -> dict[str, Callable[[], Dialect]]:
 
         return Attn
 
-    return {"attn": get_attn}
+    def get_tl() -> Dialect:
+        from attnfuse.dialects.tl import TL
+
+        return TL
+
+    return {"attn": get_attn, "tl": get_tl}

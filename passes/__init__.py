@@ -7,4 +7,36 @@ from xdsl.passes import ModulePass
 
 def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """Lazy factories for every AttnFuse pass, keyed by pass name."""
-    return {}
+
+    def rope_fusion():
+        from attnfuse.passes.rope_fusion import RopeFusionPass
+
+        return RopeFusionPass
+
+    def causal_split():
+        from attnfuse.passes.causal_split import CausalSplitPass
+
+        return CausalSplitPass
+
+    def tiling():
+        from attnfuse.passes.tiling import TilingPass
+
+        return TilingPass
+
+    def convert_attn_to_tl():
+        from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
+
+        return ConvertAttnToTlPass
+
+    def pipeline():
+        from attnfuse.pipeline import AttnFusePipelinePass
+
+        return AttnFusePipelinePass
+
+    return {
+        "rope-fusion": rope_fusion,
+        "causal-split": causal_split,
+        "tiling": tiling,
+        "convert-attn-to-tl": convert_attn_to_tl,
+        "attnfuse-pipeline": pipeline,
+    }

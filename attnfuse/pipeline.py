@@ -1,0 +1,51 @@
+"""The one place that knows the order of AttnFuse's passes.
+
+attn IR --rope-fusion--> placement of pre-matmul ops --causal-split--> KV block classes
+--tiling--> tile sizes --convert-attn-to-tl--> tl IR --(target triton)--> Python source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from attnfuse.passes.causal_split import CausalSplitPass
+from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
+from attnfuse.passes.rope_fusion import RopeFusionPass
+from attnfuse.passes.tiling import TilingPass
+
+
+@dataclass(frozen=True)
+class AttnFusePipelinePass(ModulePass):
+    """The whole lowering from attn IR to tl IR, with the options of its stages."""
+
+    name = "attnfuse-pipeline"
+
+    sm: int | None = None
+    """Target SM version (90 = Hopper; 0 = the CPU interpreter)."""
+    seq_len: int | None = None
+    """Sequence length the kernel is tuned for (rope-fusion's cost model)."""
+    rope_mode: str = "auto"
+    """rope-fusion mode: auto, fused or prerotate."""
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for _, make in STAGES:
+            make(self).apply(ctx, op)
+
+
+STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass]]] = [
+    ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
+    ("causal-split", lambda o: CausalSplitPass()),
+    ("tiling", lambda o: TilingPass(sm=o.sm, block_m=o.block_m, block_n=o.block_n,
+                                    num_warps=o.num_warps, num_stages=o.num_stages)),
+    ("convert-attn-to-tl", lambda o: ConvertAttnToTlPass()),
+]
+"""(stage name, how to build its pass from the pipeline's options), in order."""

@@ -1,0 +1,135 @@
+"""rope-fusion: where each pre-matmul transform runs in the kernel.
+
+Q's transforms (RoPE, QK-norm, scale), the Q·Kᵀ scale and, when every score op is
+linear, the log2(e) factor of the base-2 softmax run once per Q tile in the kernel
+prologue. K's transforms run either fused in the KV loop (every K tile is rotated
+once per Q tile that reads it) or in a separate pre-rotation kernel that writes a
+rotated copy of K once (one extra read and write of K, one more launch). The
+Rotation Calculus below compares the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnfuse.dialects import attn
+from xdsl.context import Context
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.passes import ModulePass
+
+from attnfuse.analysis import analyse, target_option, variant_funcs
+
+LOG2E = 1.4426950408889634
+MODES = ("auto", "fused", "prerotate")
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What the Rotation Calculus needs to know of a GPU."""
+
+    rotate_rate: float
+    """K elements rotated per second inside the attention loop (measured, in-kernel)."""
+    bandwidth: float
+    """Device memory bandwidth, bytes per second."""
+    launch_s: float
+    """Cost of one more kernel launch, seconds."""
+
+
+# sm90: rotate_rate fitted to the H200 probes in ../shared/notes/anchors.md (in-loop RoPE
+# cost 0.10 ms over 2.0e8 rotated elements at B4/H12/N4096/D64, 0.52 ms over 1.07e9 at the
+# Llama-3 shape: both ~2e12/s); bandwidth and launch from the same runs. sm80/sm86 are
+# datasheet estimates, not measured here.
+GPU_MODELS: dict[int, GpuModel] = {
+    90: GpuModel(rotate_rate=2.0e12, bandwidth=4.3e12, launch_s=8e-6),
+    89: GpuModel(rotate_rate=0.8e12, bandwidth=0.9e12, launch_s=6e-6),
+    86: GpuModel(rotate_rate=0.6e12, bandwidth=0.9e12, launch_s=6e-6),
+    80: GpuModel(rotate_rate=1.0e12, bandwidth=1.9e12, launch_s=6e-6),
+}
+
+
+def rotation_costs(
+    sm: int, seq_len: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
+    block_m: int = 128, batch: int = 1, elem_bytes: int = 2,
+) -> tuple[float, float]:
+    """(seconds K's transforms add when fused in the KV loop, when pre-rotated).
+
+    Fused: every (Q tile, K tile) pair the kernel visits rotates the K tile again:
+    batch * q_heads * ceil(N / block_m) * N * head_dim elements, halved when causal.
+    Pre-rotated: K (kv_heads only) is read and written once more, plus one launch.
+    """
+    model = GPU_MODELS.get(sm, GPU_MODELS[90])
+    visits = batch * q_heads * math.ceil(seq_len / block_m) * seq_len * head_dim
+    if causal:
+        visits /= 2
+    fused = visits / model.rotate_rate
+    k_bytes = batch * kv_heads * seq_len * head_dim * elem_bytes
+    prerotate = model.launch_s + 2 * k_bytes / model.bandwidth
+    return fused, prerotate
+
+
+def crossover(sm: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
+              block_m: int = 128, batch: int = 1) -> int:
+    """The smallest power-of-two N from 64 up at which pre-rotation is cheaper."""
+    n = 64
+    while n < 1 << 22:
+        fused, pre = rotation_costs(sm, n, q_heads, kv_heads, head_dim, causal, block_m, batch)
+        if pre < fused:
+            return n
+        n *= 2
+    return n
+
+
+@dataclass(frozen=True)
+class RopeFusionPass(ModulePass):
+    """Place Q's transforms in the kernel prologue and choose, per the Rotation
+    Calculus, whether K's run fused in the KV loop or in a pre-rotation kernel.
+
+    Marks each pre-matmul op with `placement` (q_prologue, kv_loop or prerotate),
+    the attn.qk with `q_prescale` (the factor folded into Q) and the function with
+    `attn.rope_fusion` (the decision and both predicted costs)."""
+
+    name = "rope-fusion"
+
+    mode: str = "auto"
+    """auto (cost model), fused (K transformed in the KV loop) or prerotate."""
+    sm: int | None = None
+    """Target SM version (e.g. 90); default: the module's attn.target, else 90."""
+    seq_len: int | None = None
+    """Sequence length the kernel is compiled for; default: attn.target, else 4096."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"rope-fusion mode must be one of {', '.join(MODES)}, got '{self.mode}'")
+        sm = target_option(op, "sm", self.sm, 90)
+        seq_len = target_option(op, "seq_len", self.seq_len, 4096)
+        if seq_len < 1:
+            raise ValueError(f"rope-fusion seq-len must be >= 1, got {seq_len}")
+        for f in variant_funcs(op):
+            v = analyse(f)
+            for q_op in v.q_chain:
+                q_op.attributes["placement"] = StringAttr("q_prologue")
+            foldable = all(isinstance(s, attn.ScaleOp | attn.MaskOp) for s in v.score_ops)
+            prescale = v.qk.effective_scale * (LOG2E if foldable else 1.0)
+            v.qk.attributes["q_prescale"] = FloatAttr(prescale, f64)
+            if not v.k_chain:
+                f.attributes["attn.rope_fusion"] = DictionaryAttr({"k": StringAttr("none")})
+                continue
+            q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
+            causal = any(m.kind.data in ("causal", "sliding_window") for m in v.masks)
+            fused_s, pre_s = rotation_costs(
+                sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal
+            )
+            mode = self.mode
+            if mode == "auto":
+                mode = "fused" if fused_s <= pre_s else "prerotate"
+            placement = "kv_loop" if mode == "fused" else "prerotate"
+            for k_op in v.k_chain:
+                k_op.attributes["placement"] = StringAttr(placement)
+            f.attributes["attn.rope_fusion"] = DictionaryAttr({
+                "k": StringAttr(placement),
+                "sm": IntegerAttr(sm, i64),
+                "seq_len": IntegerAttr(seq_len, i64),
+                "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
+                "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
+            })

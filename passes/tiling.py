@@ -1,0 +1,92 @@
+"""tiling: BLOCK_M, BLOCK_N, num_warps and num_stages of the attention kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnfuse.dialects import attn
+from xdsl.context import Context
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.passes import ModulePass
+
+from attnfuse.analysis import Variant, analyse, target_option, variant_funcs
+
+# (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`
+# (no K transform in the loop, no score mods), `kloop` (K transformed in the KV loop),
+# `mods` (softcap / bias / score_mod). sm 0 is the CPU interpreter: large tiles, few
+# programs. The sm90 entries start from PyTorch flex_attention's H100 defaults and the
+# Triton tutorial; the GPU sweep (benchmarks/) replaces them with measured winners.
+TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
+    (90, 64, "plain"): (128, 64, 4, 3),
+    (90, 64, "kloop"): (128, 64, 8, 3),
+    (90, 64, "mods"): (128, 64, 4, 3),
+    (90, 128, "plain"): (128, 64, 8, 3),
+    (90, 128, "kloop"): (128, 64, 8, 3),
+    (90, 128, "mods"): (128, 64, 8, 3),
+    (90, 256, "plain"): (64, 32, 4, 2),
+    (90, 256, "kloop"): (64, 32, 4, 2),
+    (90, 256, "mods"): (64, 32, 4, 2),
+    (80, 64, "plain"): (128, 64, 4, 3),
+    (80, 128, "plain"): (128, 32, 4, 2),
+    (80, 256, "plain"): (64, 32, 4, 2),
+    (0, 64, "plain"): (32, 32, 4, 1),
+    (0, 128, "plain"): (32, 32, 4, 1),
+    (0, 256, "plain"): (32, 32, 4, 1),
+}
+
+
+def variant_class(v: Variant) -> str:
+    if any(op.attributes.get("placement") == StringAttr("kv_loop") for op in v.k_chain):
+        return "kloop"
+    if any(isinstance(op, attn.SoftcapOp | attn.BiasOp | attn.ScoreModOp) for op in v.score_ops):
+        return "mods"
+    return "plain"
+
+
+def lookup(sm: int, head_dim: int, cls: str) -> tuple[int, int, int, int]:
+    """The table entry for (sm, head dim, class), falling back to the nearest known one."""
+    bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    arch = sm if any(k[0] == sm for k in TILING_TABLE) else (90 if sm >= 90 else 80 if sm > 0 else 0)
+    return TILING_TABLE.get((arch, bucket, cls), TILING_TABLE[(arch, bucket, "plain")])
+
+
+def _check_pow2(name: str, value: int | None, lo: int, hi: int) -> None:
+    if value is not None and (value < lo or value > hi or value & (value - 1)):
+        raise ValueError(f"tiling {name} must be a power of two in [{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True)
+class TilingPass(ModulePass):
+    """Choose the kernel's tile sizes and launch shape from the tuning table (per SM
+    version, head dim and variant class); options override the table. Sets the
+    function attribute `attn.tiling`."""
+
+    name = "tiling"
+
+    sm: int | None = None
+    """Target SM version; default: the module's attn.target, else 90 (0: interpreter)."""
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        _check_pow2("block-m", self.block_m, 16, 256)
+        _check_pow2("block-n", self.block_n, 16, 256)
+        _check_pow2("num-warps", self.num_warps, 1, 16)
+        if self.num_stages is not None and not 1 <= self.num_stages <= 8:
+            raise ValueError(f"tiling num-stages must be in [1, 8], got {self.num_stages}")
+        sm = target_option(op, "sm", self.sm, 90)
+        for f in variant_funcs(op):
+            v = analyse(f)
+            cls = variant_class(v)
+            bm, bn, warps, stages = lookup(sm, v.q_type.get_shape()[3], cls)
+            chosen = {
+                "block_m": self.block_m or bm,
+                "block_n": self.block_n or bn,
+                "num_warps": self.num_warps or warps,
+                "num_stages": self.num_stages or stages,
+            }
+            attrs = {k: IntegerAttr(x, i64) for k, x in chosen.items()}
+            f.attributes["attn.tiling"] = DictionaryAttr({**attrs, "class": StringAttr(cls)})
