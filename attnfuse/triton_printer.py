@@ -41,6 +41,7 @@ def _table(key, values, device):
     return t
 '''
 
+_INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
 _RESERVED = set(keyword.kwlist) | {"tl", "triton", "torch", "range", "float", "int", "launch"}
 
 
@@ -101,12 +102,29 @@ class TritonPrinter:
             self.names[value] = self._fresh(value.name_hint)
         return self.names[value]
 
+    @staticmethod
+    def inlined(value: SSAValue) -> bool:
+        """Unnamed single-use pure values are printed inside their user's expression
+        (when both are in the same block), so the source reads like hand-written Triton."""
+        op = value.owner
+        if not isinstance(op, _INLINE) or value.name_hint or not value.has_one_use():
+            return False
+        user = next(iter(value.uses)).operation
+        return user.parent_block() is op.parent_block()
+
     def expr(self, value: SSAValue) -> str:
-        """A value as a Python expression: constants are printed inline."""
+        """A value as a Python expression: constants and inlined values are printed in place."""
         owner = value.owner
         if isinstance(owner, tl.ConstantOp):
             lit = _literal(owner.literal)
             return f"({lit})" if lit.startswith("-") else lit
+        if self.inlined(value):
+            assert isinstance(owner, Operation)
+            text = self.op_expr(owner)
+            operator = isinstance(owner, tl.CmpOp) or (
+                isinstance(owner, tl.BinaryOp) and not owner.FUNCTION
+            ) or (isinstance(owner, tl.UnaryOp) and owner.PREFIX)
+            return f"({text})" if operator else text
         return self.name(value)
 
     def line(self, text: str) -> None:
@@ -172,6 +190,8 @@ class TritonPrinter:
             return
         if isinstance(op, tl.ForOp):
             self.print_for(op)
+            return
+        if op.results and self.inlined(op.results[0]):
             return
         if isinstance(op, tl.StoreOp):
             mask = f", mask={self.expr(op.mask)}" if op.mask is not None else ""
