@@ -558,8 +558,10 @@ class Lowering:
         if opaque:
             return [(lo, hi, True)]
         # Full blocks: [flo, fhi) rounded inwards to whole blocks, kept inside [lo, hi).
-        f_start = kb.mul(kb.cdiv(flo, bn), bn) if not isinstance(flo, int) else kb.v(0)
-        f_start = kb.minimum(kb.maximum(f_start, lo), hi, hint="full_lo")
+        if isinstance(flo, int):
+            f_start = kb.minimum(lo, hi, hint="full_lo") if isinstance(vlo, SSAValue) else lo
+        else:
+            f_start = kb.minimum(kb.maximum(kb.mul(kb.cdiv(flo, bn), bn), lo), hi, hint="full_lo")
         f_end = kb.mul(kb.floordiv(kb.maximum(fhi, 0), bn), bn)
         f_end = kb.maximum(kb.minimum(f_end, hi), f_start, hint="full_hi")
         return [(lo, f_start, True), (f_start, f_end, False), (f_end, hi, True)]
