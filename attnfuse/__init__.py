@@ -1,3 +1,172 @@
-"""AttnFuse: a small compiler for attention."""
+"""AttnFuse: a small compiler for attention.
+
+Write an attention variant from ten building blocks, call it on tensors, get one
+fused kernel::
+
+    import attnfuse as af
+
+    @af.variant
+    def llama(q, k, v):
+        q = af.rope(q, theta=500000.0)
+        k = af.rope(k, theta=500000.0)
+        s = af.mask(af.qk(q, k), af.causal)
+        return af.pv(af.softmax(s), v)
+
+    out = llama(q, k, v)      # [B, Hq, Nq, D] x [B, Hkv, Nk, D] x [B, Hkv, Nk, Dv] -> [B, Hq, Nq, Dv]
+    print(llama.ir())         # the traced attn IR
+    kern = llama.compile(q, k, v)   # kern.source: the Triton source; kern(q, k, v) runs it
+
+Named variants (Llama 3, Mistral, Gemma 2, Qwen3, BLOOM, gpt-oss, packed documents)
+are in `attnfuse.variants`. The public names load on first use, so that tools which
+only need the dialects (`attnfuse-opt`) do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_DSL_NAMES = (
+    "alibi bias causal cos document exp exp2 linear_scaling llama3_scaling log log2 mask maximum minimum "
+    "prefix_lm pv qk qk_norm rope rope_scaling rsqrt scale score_mod sigmoid sin sliding_window softcap "
+    "softmax sqrt tanh where yarn_scaling"
+).split()
+
+_LAZY: dict[str, tuple[str, str]] = {
+    **{n: ("attnfuse.dsl", n) for n in _DSL_NAMES},
+    "abs": ("attnfuse.dsl", "abs_"),
+    "AttnFuseError": ("attnfuse.errors", "AttnFuseError"),
+    "Kernel": ("attnfuse.runtime", "Kernel"),
+    "Variant": ("attnfuse.runtime", "Variant"),
+    "backend": ("attnfuse.runtime", "backend"),
+    "variant": ("attnfuse.runtime", "variant"),
+    "alibi_slopes": ("attnfuse.variants", "alibi_slopes"),
+}
+
+_SUBMODULES = ("dsl", "errors", "runtime", "cache", "variants")
+
+__all__ = [
+    "AttnFuseError",
+    "Kernel",
+    "Variant",
+    "__version__",
+    "abs",
+    "alibi",
+    "alibi_slopes",
+    "backend",
+    "bias",
+    "cache",
+    "causal",
+    "cos",
+    "document",
+    "dsl",
+    "errors",
+    "exp",
+    "exp2",
+    "linear_scaling",
+    "llama3_scaling",
+    "log",
+    "log2",
+    "mask",
+    "maximum",
+    "minimum",
+    "prefix_lm",
+    "pv",
+    "qk",
+    "qk_norm",
+    "rope",
+    "rope_scaling",
+    "rsqrt",
+    "runtime",
+    "scale",
+    "score_mod",
+    "sigmoid",
+    "sin",
+    "sliding_window",
+    "softcap",
+    "softmax",
+    "sqrt",
+    "tanh",
+    "variant",
+    "variants",
+    "where",
+    "yarn_scaling",
+]
+
+
+class _Package(types.ModuleType):
+    """The `attnfuse` package: importing a submodule whose name is also a public block
+    (`attnfuse.rope`, the RoPE frequency helpers) must not replace the block as the
+    package attribute (`af.rope`); the submodule stays importable by its full name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"attnfuse.{name}")
+    else:
+        raise AttributeError(f"module 'attnfuse' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from attnfuse import cache, dsl, errors, runtime, variants
+    from attnfuse.dsl import (
+        abs_ as abs,  # noqa: A001
+    )
+    from attnfuse.dsl import (
+        alibi,
+        bias,
+        causal,
+        cos,
+        document,
+        exp,
+        exp2,
+        linear_scaling,
+        llama3_scaling,
+        log,
+        log2,
+        mask,
+        maximum,
+        minimum,
+        prefix_lm,
+        pv,
+        qk,
+        qk_norm,
+        rope,
+        rope_scaling,
+        rsqrt,
+        scale,
+        score_mod,
+        sigmoid,
+        sin,
+        sliding_window,
+        softcap,
+        softmax,
+        sqrt,
+        tanh,
+        where,
+        yarn_scaling,
+    )
+    from attnfuse.errors import AttnFuseError
+    from attnfuse.runtime import Kernel, Variant, backend, variant
+    from attnfuse.variants import alibi_slopes
