@@ -36,6 +36,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import (
     Attribute,
     Block,
+    BlockArgument,
     Dialect,
     Operation,
     ParametrizedAttribute,
@@ -75,6 +76,10 @@ class ScoresType(ParametrizedAttribute, TypeAttribute):
     def __init__(self, heads: int | IntAttr):
         super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
 
+    def verify(self) -> None:
+        if self.heads.data < 1:
+            raise VerifyException(f"!attn.scores needs at least one head, got {self.heads.data}")
+
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
@@ -94,6 +99,10 @@ class ProbsType(ParametrizedAttribute, TypeAttribute):
 
     def __init__(self, heads: int | IntAttr):
         super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
+
+    def verify(self) -> None:
+        if self.heads.data < 1:
+            raise VerifyException(f"!attn.probs needs at least one head, got {self.heads.data}")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -203,8 +212,15 @@ class RopeScalingAttr(ParametrizedAttribute):
 
 
 def _fmt_float(v: float) -> str:
+    """The shortest text that reads back as `v`, in a form the MLIR lexer takes as a
+    float: it needs a `.` in the mantissa, so `1e-06` is printed as `1.0e-06`."""
     text = repr(float(v))
-    return text if ("." in text or "e" in text or "n" in text) else text + ".0"
+    if "n" in text:  # inf, nan: only in IR that fails to verify
+        return text
+    mantissa, e, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + e + exponent
 
 
 # --------------------------------------------------------------------------- helpers
@@ -302,7 +318,7 @@ class RopeOp(IRDLOperation):
                 f"got {r}"
             )
         if not self.theta.value.data > 0 or math.isinf(self.theta.value.data):
-            raise VerifyException(f"attn.rope theta must be > 0, got {self.theta.value.data}")
+            raise VerifyException(f"attn.rope theta must be > 0 and finite, got {self.theta.value.data}")
         if self.style.data not in self.STYLES:
             raise VerifyException(
                 f"attn.rope style must be 'half' or 'interleaved', got '{self.style.data}'"
@@ -349,9 +365,12 @@ class RopeOp(IRDLOperation):
         scaling = None
         if parser.parse_optional_keyword("scaling") is not None:
             parser.parse_punctuation("=")
+            start = parser.pos
             scaling = parser.parse_attribute()
             if not isinstance(scaling, RopeScalingAttr):
-                parser.raise_error("expected #attn.rope_scaling<...>")
+                parser.raise_error(
+                    f"attn.rope scaling must be a #attn.rope_scaling<...> attribute, got {scaling}", start
+                )
         inv_freq = None
         if parser.parse_optional_keyword("inv_freq") is not None:
             with parser.in_parens():
@@ -528,7 +547,7 @@ class SoftcapOp(_ScalarOp):
             raise VerifyException("attn.softcap result type must equal its input type")
         cap = self.cap.value.data
         if not (cap > 0 and math.isfinite(cap)):
-            raise VerifyException(f"attn.softcap cap must be > 0, got {cap}")
+            raise VerifyException(f"attn.softcap cap must be > 0 and finite, got {cap}")
 
 
 # --------------------------------------------------------------------------- the matmuls
@@ -581,7 +600,7 @@ class QKOp(IRDLOperation):
         if self.scale is not None:
             s = self.scale.value.data
             if not (s > 0 and math.isfinite(s)):
-                raise VerifyException(f"attn.qk scale must be > 0, got {s}")
+                raise VerifyException(f"attn.qk scale must be > 0 and finite, got {s}")
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -761,7 +780,7 @@ class PVOp(IRDLOperation):
 class _ScoreFnOp(IRDLOperation):
     """Base of `attn.mask`, `attn.bias` and `attn.score_mod`.
 
-    Syntax: `attn.mask %s <kind>[(<int>)][(%extra : type, ...)] [{ region }] : type`.
+    Syntax: `attn.mask %s <kind>[(<int>)][(%extra : type, ...)] [attributes {...}] [{ region }] : type`.
     A named kind (`causal`, `sliding_window(w)`, ...) has an empty region; the
     `custom` kind carries a region whose entry block takes ([score: f32,] b, h,
     q_idx, kv_idx: i32, then one argument per extra tensor) and yields the result.
@@ -867,10 +886,11 @@ class _ScoreFnOp(IRDLOperation):
                 printer.print_string(" : ")
                 printer.print_attribute(e.type)
             printer.print_string(")")
+        # With the keyword, an attribute dictionary cannot be mistaken for a region.
+        printer.print_op_attributes(self.attributes, print_keyword=True)
         if self.regions[0].blocks:
             printer.print_string(" ")
             printer.print_region(self.regions[0])
-        printer.print_op_attributes(self.attributes)
         printer.print_string(" : ")
         printer.print_attribute(self.operands[0].type)
 
@@ -896,8 +916,8 @@ class _ScoreFnOp(IRDLOperation):
                     if parser.parse_optional_punctuation(",") is None:
                         break
             parser.parse_punctuation(")")
+        attrs = parser.parse_optional_attr_dict_with_keyword()
         region = parser.parse_optional_region()
-        attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         t = parser.parse_type()
         props: dict[str, Attribute] = {"kind": StringAttr(kind)}
@@ -906,7 +926,7 @@ class _ScoreFnOp(IRDLOperation):
         return cls.create(
             operands=[parser.resolve_operand(s, t), *extras],
             properties=props,
-            attributes=attrs,
+            attributes=attrs.data if attrs is not None else {},
             regions=[region if region is not None else Region()],
             result_types=[t],
         )
@@ -1063,8 +1083,15 @@ class ExtractOp(IRDLOperation):
             raise VerifyException("attn.extract indices must be i32")
         if self.result.type != t.get_element_type():
             raise VerifyException("attn.extract result must be the tensor's element type")
-        if not isinstance(self.parent_op(), _ScoreFnOp):
+        parent = self.parent_op()
+        if not isinstance(parent, _ScoreFnOp):
             raise VerifyException("attn.extract must be inside a mask, bias or score_mod region")
+        entry = parent.regions[0].blocks[0]
+        if not (isinstance(self.tensor, BlockArgument) and self.tensor.block is entry):
+            raise VerifyException(
+                f"attn.extract must read an extra tensor through an argument of its {parent.name} "
+                "region, not a value from outside the region"
+            )
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")

@@ -1,0 +1,4 @@
+func.func @f(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<dynamic_ntk, factor = 2.0> : tensor<?x8x?x64xf32>
+  func.return
+}

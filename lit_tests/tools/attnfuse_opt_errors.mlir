@@ -1,0 +1,45 @@
+// Malformed IR and bad options get a one-message diagnostic on stderr and a
+// non-zero exit status (lit's `not` checks it), never a Python traceback.
+
+// RUN: not attnfuse-opt %S/Inputs/syntax_error.mlir 2>&1 | filecheck %s --check-prefix=SYNTAX
+// SYNTAX-NOT:  Traceback
+// SYNTAX:      attnfuse-opt: error: {{.*}}syntax_error.mlir:2:32
+// SYNTAX-NEXT:   %r = attn.rope %q half theta 10000.0 rotary_dim = 64 : tensor<?x8x?x64xf32>
+// SYNTAX-NEXT:                                ^^^^^^^
+// SYNTAX-NEXT:                                Expected '='
+// SYNTAX-NOT:  Traceback
+
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir 2>&1 | filecheck %s --check-prefix=VERIFY
+// VERIFY-NOT:  Traceback
+// VERIFY:      attnfuse-opt: error: attn.qk q heads (8) must be a multiple of k heads (3)
+// VERIFY:      %s = "attn.qk"(%q, %k) : (tensor<?x8x?x64xf32>, tensor<?x3x?x64xf32>) -> !attn.scores<8>
+// VERIFY-NEXT: ^^^^^^^^^^^^^^
+// VERIFY-NOT:  Traceback
+
+// RUN: not attnfuse-opt %S/Inputs/unknown_op.mlir 2>&1 | filecheck %s --check-prefix=UNKNOWN
+// UNKNOWN-NOT: Traceback
+// UNKNOWN:     attnfuse-opt: error: {{.*}}unknown_op.mlir:2:
+// UNKNOWN:     Operation attn.dropout is not registered
+// UNKNOWN-NOT: Traceback
+
+// RUN: not attnfuse-opt %S/Inputs/bad_scaling_attr.mlir 2>&1 | filecheck %s --check-prefix=SCALING
+// SCALING-NOT: Traceback
+// SCALING:     attnfuse-opt: error: {{.*}}bad_scaling_attr.mlir:2:68
+// SCALING:     attn.rope scaling must be a #attn.rope_scaling<...> attribute, got "llama3"
+// SCALING-NOT: Traceback
+
+// RUN: not attnfuse-opt %S/Inputs/bad_scaling_kind.mlir 2>&1 | filecheck %s --check-prefix=KIND
+// KIND-NOT:    Traceback
+// KIND:        attnfuse-opt: error: unknown rope scaling 'dynamic_ntk', expected one of linear, llama3, yarn
+// KIND-NOT:    Traceback
+
+// Unknown passes, pass options and targets are reported the same way.
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p no-such-pass 2>&1 | filecheck %s --check-prefix=PASS
+// PASS:        attnfuse-opt: error: Unrecognized passes: ['no-such-pass']
+// PASS-NOT:    Traceback
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p 'canonicalize{no-such-option=1}' 2>&1 | filecheck %s --check-prefix=OPTION
+// OPTION:      attnfuse-opt: error: Provided arguments ["no_such_option"] not found
+// OPTION-NOT:  Traceback
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -t no-such-target 2>&1 | filecheck %s --check-prefix=TARGET
+// TARGET:      attnfuse-opt: error: argument -t/--target: invalid choice: 'no-such-target'
+// TARGET-NOT:  Traceback
