@@ -196,29 +196,24 @@ class Params:
         return self.by_key[key]
 
 
-# ----------------------------------------------------------------------------- channel parts
+# ----------------------------------------------------------------------------- rope layout
 
 
 @dataclass(frozen=True)
-class Part:
-    """A group of head-dim channels loaded as one tile: channels start + stride * j for
-    j < width, padded to `padded` (a power of two >= 16). `rot` is 0 or 1 for the two
-    halves of RoPE's rotation pairs, None for channels that pass through."""
+class RopeLayout:
+    """Which channels RoPE pairs: `half` pairs c with c + R/2, `interleaved` pairs 2i with
+    2i + 1; channels from `rotary_dim` on pass through. The kernel keeps whole
+    [tokens, head dim] tiles: a rotated tile is x * cos + partner(x) * sign * sin, where
+    partner(x) is a second load of the same rows with each channel's pair partner."""
 
-    start: int
-    stride: int
-    width: int
-    rot: int | None
-
-    @property
-    def padded(self) -> int:
-        return _pow2(self.width)
+    style: str
+    rotary_dim: int
 
 
-def partition(head_dim: int, ropes: Sequence[attn.RopeOp]) -> list[Part]:
-    """How q and k heads are split so that every RoPE rotates whole tiles."""
+def rope_layout(ropes: Sequence[attn.RopeOp]) -> RopeLayout | None:
+    """The single rope layout of a variant (q and k must agree to meet in one dot)."""
     if not ropes:
-        return [Part(0, 1, head_dim, None)]
+        return None
     layouts = {(r.style.data, r.rotary_dim.value.data) for r in ropes}
     if len(layouts) > 1:
         raise DiagnosticException(
@@ -226,15 +221,7 @@ def partition(head_dim: int, ropes: Sequence[attn.RopeOp]) -> list[Part]:
             f"got {sorted(layouts)}"
         )
     style, rdim = layouts.pop()
-    half = rdim // 2
-    parts = (
-        [Part(0, 1, half, 0), Part(half, 1, half, 1)]
-        if style == "half"
-        else [Part(0, 2, half, 0), Part(1, 2, half, 1)]
-    )
-    if rdim < head_dim:
-        parts.append(Part(rdim, 1, head_dim - rdim, None))
-    return parts
+    return RopeLayout(style, rdim)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -268,7 +255,12 @@ class Lowering:
         self.dtype = v.q_type.get_element_type()
         self.kdtype = v.k_type.get_element_type()
         self.vdtype = v.v_type.get_element_type()
-        self.parts = partition(self.d, v.ropes())
+        self.dpad = _pow2(self.d)
+        self.layout = rope_layout(v.ropes())
+        if sum(isinstance(op, attn.RopeOp) for op in v.q_chain) > 1 or sum(
+            isinstance(op, attn.RopeOp) for op in v.k_chain
+        ) > 1:
+            raise DiagnosticException("the Triton lowering applies at most one attn.rope to q and to k")
         self.k_placement = "none"
         for op in v.k_chain:
             placement = op.attributes.get("placement")
@@ -321,77 +313,86 @@ class Lowering:
         return p.get(key, tl.PointerType(f32), key)
 
     # ------------------------------------------------------------------ pre-matmul chains
-    def load_parts(self, kb: KernelBuilder, base: SSAValue, tok_offs: SSAValue, tok_ok: SSAValue | None,
-                   tok_stride: SSAValue, chan_stride: SSAValue, tokens_first: bool,
-                   to_f32: bool) -> list[SSAValue]:
-        """Load every channel part of a [tokens, channels] (or transposed) tile."""
-        tiles = []
-        for i, part in enumerate(self.parts):
-            offs = kb.arange(part.padded, hint=f"offs_c{i}")
-            chans = offs if part.start == 0 and part.stride == 1 else kb.add(
-                kb.mul(offs, part.stride) if part.stride != 1 else offs, part.start, hint=f"chan{i}")
-            tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
-            ptr = kb.add(kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
-                         kb.mul(chan_axis(chans), chan_stride), hint=f"ptr{i}")
-            mask = None
-            if tok_ok is not None:
-                mask = tok_axis(tok_ok)
-            if part.padded != part.width:
-                cmask = chan_axis(kb.cmp("<", offs, part.width))
-                mask = cmask if mask is None else kb.and_(mask, cmask)
-            x = kb.load(ptr, mask, 0.0, hint=f"x{i}")
-            tiles.append(kb.cast(x, f32) if to_f32 else x)
-        return tiles
+    def channels(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue | None]:
+        """(channel index tile [D padded], each channel's RoPE partner or None)."""
+        offs_d = kb.arange(self.dpad, hint="offs_d")
+        layout = self.layout
+        if layout is None:
+            return offs_d, None
+        r, half = layout.rotary_dim, layout.rotary_dim // 2
+        if layout.style == "half":
+            partner = kb.where(kb.cmp("<", offs_d, half), kb.add(offs_d, half),
+                               kb.where(kb.cmp("<", offs_d, r), kb.sub(offs_d, half), offs_d))
+        else:
+            partner = kb.where(kb.cmp("<", offs_d, r), kb.binary(tl.XorOp, offs_d, 1), offs_d)
+        kb.block.last_op.results[0].name_hint = "partner_d"  # type: ignore[union-attr]
+        return offs_d, partner
 
-    def apply_chain(self, kb: KernelBuilder, p: Params, ops: Sequence[Operation], tiles: list[SSAValue],
-                    pos: SSAValue, tokens_first: bool, prefix: str) -> list[SSAValue]:
-        """Apply rope/norm/scale to fp32 part tiles; `pos` are the token positions."""
+    def load_tile(self, kb: KernelBuilder, base: SSAValue, tok_offs: SSAValue, tok_ok: SSAValue | None,
+                  tok_stride: SSAValue, chan_stride: SSAValue, chans: SSAValue, tokens_first: bool,
+                  hint: str) -> SSAValue:
+        """Load a [tokens, head dim] tile (or its transpose), masked where out of range."""
+        tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
+        ptr = kb.add(kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
+                     kb.mul(chan_axis(chans), chan_stride), hint=f"{hint}_ptr")
+        mask = tok_axis(tok_ok) if tok_ok is not None else None
+        if self.dpad != self.d:
+            cmask = chan_axis(kb.cmp("<", chans, self.d))
+            mask = cmask if mask is None else kb.and_(mask, cmask)
+        return kb.load(ptr, mask, 0.0, hint=hint)
+
+    def transformed(self, kb: KernelBuilder, p: Params, ops: Sequence[Operation], load, pos: SSAValue,
+                    tokens_first: bool, prefix: str) -> SSAValue:
+        """Load a q/k tile with `load(channels)` and apply rope/norm/scale in fp32.
+
+        Before a rope, the pair partners (a second, permuted load) go through the same
+        ops, so the rotation needs no data movement between channels."""
+        offs_d, partner_d = self.channels(kb)
+        x = kb.cast(load(offs_d), f32)
+        has_rope = any(isinstance(op, attn.RopeOp) for op in ops)
+        xp = kb.cast(load(partner_d), f32) if has_rope and partner_d is not None else None
         tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
         chan_dim = 1 if tokens_first else 0
         for op in ops:
             if isinstance(op, attn.ScaleOp):
-                tiles = [kb.mul(t, op.value.value.data) for t in tiles]
+                x = kb.mul(x, op.value.value.data)
+                xp = kb.mul(xp, op.value.value.data) if xp is not None else None
             elif isinstance(op, attn.NormOp):
-                sq = [kb.reduce("sum", kb.mul(t, t), chan_dim) for t in tiles]
-                total = sq[0]
-                for s in sq[1:]:
-                    total = kb.add(total, s)
-                r = kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data),
-                             hint=f"{prefix}_rstd")
-                tiles = [kb.mul(t, tok_axis(r)) for t in tiles]
+                total = kb.reduce("sum", kb.mul(x, x), chan_dim)
+                r = tok_axis(kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data),
+                                      hint=f"{prefix}_rstd"))
+                x = kb.mul(x, r, hint=f"{prefix}_normed")
+                xp = kb.mul(xp, r) if xp is not None else None
                 if op.weight is not None:
                     w = self.tensor(p, op.weight)
-                    new = []
-                    for i, (t, part) in enumerate(zip(tiles, self.parts, strict=True)):
-                        offs = kb.arange(part.padded)
-                        idx = kb.add(kb.mul(offs, part.stride), part.start)
-                        mask = kb.cmp("<", offs, part.width) if part.padded != part.width else None
-                        wt = kb.cast(kb.load(kb.add(w.ptr, kb.mul(idx, w.strides[0])), mask, 0.0,
-                                             hint=f"{prefix}_w{i}"), f32)
-                        new.append(kb.mul(t, chan_axis(wt)))
-                    tiles = new
+                    dmask = kb.cmp("<", offs_d, self.d) if self.dpad != self.d else None
+
+                    def weight(chans: SSAValue, w=w, dmask=dmask) -> SSAValue:
+                        wt = kb.load(kb.add(w.ptr, kb.mul(chans, w.strides[0])), dmask, 0.0)
+                        return chan_axis(kb.cast(wt, f32))
+
+                    x = kb.mul(x, weight(offs_d), hint=f"{prefix}_weighted")
+                    xp = kb.mul(xp, weight(partner_d)) if xp is not None and partner_d is not None else None
             elif isinstance(op, attn.RopeOp):
-                _, magnitude = op_inv_freq(op) if op.inv_freq is None else (None, 1.0)
-                half = self.parts[0]
-                freq_ptr = self.table(p, op)
-                j = kb.arange(half.padded)
-                fmask = kb.cmp("<", j, half.width) if half.padded != half.width else None
-                freq = kb.load(kb.add(freq_ptr, j), fmask, 0.0, hint=f"{prefix}_inv_freq")
-                freq = kb.cast(freq, f32)
+                assert xp is not None and self.layout is not None
+                magnitude = op_inv_freq(op)[1] if op.inv_freq is None else 1.0
+                r, half = self.layout.rotary_dim, self.layout.rotary_dim // 2
+                interleaved = self.layout.style == "interleaved"
+                pair = kb.floordiv(offs_d, 2) if interleaved else kb.rem(offs_d, half)
+                freq = kb.cast(kb.load(kb.add(self.table(p, op), pair), kb.cmp("<", offs_d, r), 0.0,
+                                       hint=f"{prefix}_inv_freq"), f32)
+                first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
+                sign = kb.where(first, -magnitude, magnitude, hint=f"{prefix}_sign")
                 angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
                 cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
-                sin = kb.unary(tl.SinOp, angle, hint=f"{prefix}_sin")
                 if magnitude != 1.0:
-                    cos, sin = kb.mul(cos, magnitude), kb.mul(sin, magnitude)
-                x1, x2 = tiles[0], tiles[1]
-                tiles = [
-                    kb.sub(kb.mul(x1, cos), kb.mul(x2, sin), hint=f"{prefix}_rot1"),
-                    kb.add(kb.mul(x2, cos), kb.mul(x1, sin), hint=f"{prefix}_rot2"),
-                    *tiles[2:],
-                ]
+                    cos = kb.mul(cos, magnitude)
+                sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
+                x = kb.add(kb.mul(x, cos), kb.mul(xp, sin), hint=f"{prefix}_rot")
+                xp = None
             else:
                 raise DiagnosticException(f"'{op.name}' cannot transform q or k")
-        return tiles
+        return x
 
     # ------------------------------------------------------------------ score ops
     def region_value(self, kb: KernelBuilder, p: Params, op: attn.MaskOp | attn.BiasOp | attn.ScoreModOp,
@@ -481,7 +482,12 @@ class Lowering:
 
     def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: dict[str, SSAValue],
                   masked: bool) -> SSAValue:
-        """Apply the score chain to `s`; masks only where `masked` (partial blocks)."""
+        """Apply the score chain to `s`; masks only where `masked` (partial blocks).
+
+        Masks are applied after the last score op, whatever their place in the chain: a
+        masked score stays masked (a softcap or score_mod after the mask must not turn
+        its -inf into a finite value)."""
+        keep: SSAValue | None = None
         for op in self.v.score_ops:
             if isinstance(op, attn.ScaleOp):
                 s = kb.mul(s, op.value.value.data)
@@ -502,9 +508,12 @@ class Lowering:
                 s = self.region_value(kb, p, op, ctx, s)
             elif isinstance(op, attn.MaskOp):
                 if masked:
-                    s = kb.where(self.predicate(kb, p, op, ctx), s, NEG_INF, hint="s_masked")
+                    pred = self.predicate(kb, p, op, ctx)
+                    keep = pred if keep is None else kb.and_(keep, pred, hint="keep")
             else:
                 raise DiagnosticException(f"'{op.name}' cannot modify scores")
+        if keep is not None:
+            s = kb.where(keep, s, NEG_INF, hint="s_masked")
         return s
 
     def predicate(self, kb: KernelBuilder, p: Params, op: attn.MaskOp, ctx: dict[str, SSAValue]):
@@ -598,14 +607,17 @@ class Lowering:
 
         # Q prologue: load, transform, fold the scale (and log2 e), cast once.
         q_base = kb.add(kb.add(q.ptr, kb.mul(b, q.strides[0])), kb.mul(h, q.strides[1]), hint="q_base")
-        q_tiles = self.load_parts(kb, q_base, offs_m, row_ok, q.strides[2], q.strides[3], True, True)
-        q_tiles = self.apply_chain(kb, p, v.q_chain, q_tiles, q_pos, True, "q")
-        q_tiles = [kb.cast(kb.mul(t, self.q_prescale), self.dtype, hint=f"q{i}")
-                   for i, t in enumerate(q_tiles)]
+        q_x = self.transformed(
+            kb, p, v.q_chain,
+            lambda chans: self.load_tile(kb, q_base, offs_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
+            q_pos, True, "q",
+        )
+        q_tile = kb.cast(kb.mul(q_x, self.q_prescale), self.dtype, hint="q_tile")
 
         k_base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
         v_base = kb.add(kb.add(vt.ptr, kb.mul(b, vt.strides[0])), kb.mul(hk, vt.strides[1]),
                         hint="v_base")
+        offs_d = kb.arange(self.dpad, hint="offs_d")
         bdv = _pow2(self.dv)
         offs_dv = kb.arange(bdv, hint="offs_dv")
         dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
@@ -631,16 +643,15 @@ class Lowering:
             def build(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue]) -> dict[str, SSAValue]:
                 offs_n = ib.add(start_n, ib.arange(block_n), hint="offs_n")
                 kv_ok = ib.cmp("<", offs_n, nk, hint="kv_ok") if masked else None
-                fused = self.k_placement == "kv_loop"
-                k_tiles = self.load_parts(ib, k_base, offs_n, kv_ok, k.strides[2], k.strides[3], False,
-                                          fused)
-                if fused:
-                    k_tiles = self.apply_chain(ib, p, v.k_chain, k_tiles, offs_n, False, "k")
-                    k_tiles = [ib.cast(t, self.kdtype) for t in k_tiles]
-                s = None
-                for qt, kt in zip(q_tiles, k_tiles, strict=True):
-                    s = ib.dot(qt, kt, s, self.precision, hint="s")
-                assert s is not None
+                def load_k(chans: SSAValue) -> SSAValue:
+                    return self.load_tile(ib, k_base, offs_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
+
+                if self.k_placement == "kv_loop":
+                    k_x = self.transformed(ib, p, v.k_chain, load_k, offs_n, False, "k")
+                    k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
+                else:
+                    k_tile = load_k(offs_d)
+                s = ib.dot(q_tile, k_tile, None, self.precision, hint="s")
                 lctx = dict(ctx)
                 lctx["kv_idx"] = ib.col(offs_n)
                 if masked:
@@ -714,18 +725,19 @@ class Lowering:
         offs_n = kb.add(kb.mul(pid_n, block_n), kb.arange(block_n), hint="offs_n")
         ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
         base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
-        tiles = self.load_parts(kb, base, offs_n, ok, k.strides[2], k.strides[3], True, True)
-        tiles = self.apply_chain(kb, p, v.k_chain, tiles, offs_n, True, "k")
+        k_x = self.transformed(
+            kb, p, v.k_chain,
+            lambda chans: self.load_tile(kb, base, offs_n, ok, k.strides[2], k.strides[3], chans, True, "k"),
+            offs_n, True, "k",
+        )
+        offs_d = kb.arange(self.dpad, hint="offs_d")
         out_base = kb.add(kb.add(k_rot_ptr, kb.mul(b, k_rot_strides[0])), kb.mul(hk, k_rot_strides[1]))
-        for i, (t, part) in enumerate(zip(tiles, self.parts, strict=True)):
-            offs = kb.arange(part.padded)
-            chans = kb.add(kb.mul(offs, part.stride), part.start)
-            ptr = kb.add(kb.add(out_base, kb.mul(kb.row(offs_n), k_rot_strides[2])),
-                         kb.mul(kb.col(chans), k_rot_strides[3]), hint=f"kr_ptr{i}")
-            mask = kb.row(ok)
-            if part.padded != part.width:
-                mask = kb.and_(mask, kb.col(kb.cmp("<", offs, part.width)))
-            kb.store(ptr, kb.cast(t, self.kdtype), mask)
+        ptr = kb.add(kb.add(out_base, kb.mul(kb.row(offs_n), k_rot_strides[2])),
+                     kb.mul(kb.col(offs_d), k_rot_strides[3]), hint="k_rot_ptr")
+        mask = kb.row(ok)
+        if self.dpad != self.d:
+            mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
+        kb.store(ptr, kb.cast(k_x, self.kdtype), mask)
         p.block.add_op(tl.ReturnOp())
         return self.kernel("rotate_k", p), p
 
@@ -754,7 +766,9 @@ class Lowering:
         for key, values in self.tables.items():
             ops.append(tl.TableOp(key, values, f"{q}.device"))
         for kernel, p, grid in calls:
-            ops.append(tl.CallOp(kernel.sym_name.data, grid, p.host, self.num_warps, self.num_stages))
+            # The pre-rotation kernel is a streaming copy: 4 warps, no software pipelining.
+            warps, stages = (4, 1) if kernel.sym_name.data == "rotate_k" else (self.num_warps, self.num_stages)
+            ops.append(tl.CallOp(kernel.sym_name.data, grid, p.host, warps, stages))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.names, ops)
 
