@@ -33,11 +33,18 @@ import triton.language as tl
 _TABLES = {}
 
 
-def _table(key, values, device):
-    """A constant float32 table on `device`, built once."""
-    t = _TABLES.get((key, device))
+def _rope_table(key, inv_freq, length, magnitude, device):
+    """(cos, sin) float32 [positions, len(inv_freq)] for positions 0.. the next power of two
+    >= length, scaled by magnitude; built once per device and length bucket."""
+    n = 1 << max(int(length) - 1, 0).bit_length()
+    t = _TABLES.get((key, n, device))
     if t is None:
-        t = _TABLES[(key, device)] = torch.tensor(values, dtype=torch.float32, device=device)
+        freqs = torch.tensor(inv_freq, dtype=torch.float64)
+        angle = torch.arange(n, dtype=torch.float64)[:, None] * freqs[None, :]
+        t = _TABLES[(key, n, device)] = (
+            (angle.cos() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
+            (angle.sin() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
+        )
     return t
 '''
 
@@ -282,9 +289,10 @@ class TritonPrinter:
                     shape = ", ".join(s.data for s in h.shape)
                     self.line(f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, "
                               f"device={h.device.data})")
-                case tl.TableOp():
+                case tl.RopeTableOp():
                     values = ", ".join(repr(float(v.value.data)) for v in h.values)
-                    self.line(f"{h.var.data} = _table({h.var.data!r}, [{values}], {h.device.data})")
+                    self.line(f"{h.cos.data}, {h.sin.data} = _rope_table({h.cos.data!r}, [{values}], "
+                              f"{h.length.data}, {float(h.magnitude.value.data)!r}, {h.device.data})")
                 case tl.CallOp():
                     grid = ", ".join(g.data for g in h.grid)
                     args = ", ".join(a.data for a in h.args)

@@ -874,20 +874,30 @@ class AllocOp(_HostOp):
 
 
 @irdl_op_definition
-class TableOp(_HostOp):
-    """`name = torch.tensor(values, dtype=torch.float32, device=device)`: a constant table
-    (e.g. RoPE's inv_freq), built once per device and reused."""
+class RopeTableOp(_HostOp):
+    """`cos, sin = _rope_table(key, inv_freq, length, magnitude, device)`: float32
+    [positions, rotary_dim / 2] tables of magnitude * cos(pos * inv_freq) and
+    magnitude * sin(...), built once per device and power-of-two length bucket."""
 
-    name = "tl.table"
-    var = prop_def(StringAttr)
+    name = "tl.rope_table"
+    cos = prop_def(StringAttr)
+    sin = prop_def(StringAttr)
     values = prop_def(ArrayAttr[FloatAttr])
+    length = prop_def(StringAttr)
+    magnitude = prop_def(FloatAttr)
     device = prop_def(StringAttr)
-    assembly_format = "$var `values` $values `device` $device attr-dict"
+    assembly_format = (
+        "$cos `,` $sin `inv_freq` $values `length` $length `magnitude` $magnitude `device` $device attr-dict"
+    )
 
-    def __init__(self, var: str, values: Sequence[float], device: str):
+    def __init__(self, cos: str, sin: str, values: Sequence[float], length: str, magnitude: float,
+                 device: str):
         super().__init__(properties={
-            "var": StringAttr(var),
+            "cos": StringAttr(cos),
+            "sin": StringAttr(sin),
             "values": ArrayAttr(FloatAttr(float(v), f32) for v in values),
+            "length": StringAttr(length),
+            "magnitude": FloatAttr(float(magnitude), f32),
             "device": StringAttr(device),
         })
 
@@ -942,7 +952,7 @@ TL = Dialect(
     [
         KernelOp, ReturnOp, ConstantOp, ProgramIdOp, ArangeOp, FullOp, *BINARY_OPS, CmpOp,
         *UNARY_OPS, CastOp, ExpandDimsOp, ReduceOp, WhereOp, LoadOp, StoreOp, DotOp, TransOp,
-        ForOp, YieldOp, LauncherOp, AllocOp, TableOp, CallOp, HostReturnOp,
+        ForOp, YieldOp, LauncherOp, AllocOp, RopeTableOp, CallOp, HostReturnOp,
     ],
     [TileType, PointerType],
 )

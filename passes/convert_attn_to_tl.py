@@ -277,7 +277,7 @@ class Lowering:
             else ["opaque"] * len(v.masks)
         )
         self.precision = "ieee" if self.dtype == f32 else None
-        self.tables: dict[str, list[float]] = {}
+        self.tables: dict[str, tuple[list[float], float]] = {}
 
     # ------------------------------------------------------------------ parameters
     def arg_index(self, value: SSAValue) -> int:
@@ -298,19 +298,15 @@ class Lowering:
         ]
         return Tensor4(ptr, strides)
 
-    def table(self, p: Params, op: attn.RopeOp) -> SSAValue:
-        """inv_freq of a rope: its operand, or a host table computed from theta and scaling."""
-        if op.inv_freq is not None:
-            return self.tensor(p, op.inv_freq).ptr
-        freqs, _ = op_inv_freq(op)
-        key = f"inv_freq_{len(self.tables)}"
-        values = [float(x) for x in freqs]
-        for k, vals in self.tables.items():
-            if vals == values:
-                key = k
-                break
-        self.tables[key] = values
-        return p.get(key, tl.PointerType(f32), key)
+    def rope_tables(self, p: Params, op: attn.RopeOp) -> tuple[SSAValue, SSAValue]:
+        """Pointers to the host-built [positions, rotary_dim / 2] cos and sin tables of a rope
+        given by theta and scaling (no sin/cos in the kernel: it would cost more than a load)."""
+        freqs, magnitude = op_inv_freq(op)
+        entry = ([float(x) for x in freqs], magnitude)
+        key = next((k for k, e in self.tables.items() if e == entry), f"rope_{len(self.tables)}")
+        self.tables[key] = entry
+        return (p.get(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
+                p.get(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"))
 
     # ------------------------------------------------------------------ pre-matmul chains
     def channels(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue | None]:
@@ -342,7 +338,7 @@ class Lowering:
         return kb.load(ptr, mask, 0.0, hint=hint)
 
     def transformed(self, kb: KernelBuilder, p: Params, ops: Sequence[Operation], load, pos: SSAValue,
-                    tokens_first: bool, prefix: str) -> SSAValue:
+                    tok_ok: SSAValue | None, tokens_first: bool, prefix: str) -> SSAValue:
         """Load a q/k tile with `load(channels)` and apply rope/norm/scale in fp32.
 
         Before a rope, the pair partners (a second, permuted load) go through the same
@@ -375,19 +371,27 @@ class Lowering:
                     xp = kb.mul(xp, weight(partner_d)) if xp is not None and partner_d is not None else None
             elif isinstance(op, attn.RopeOp):
                 assert xp is not None and self.layout is not None
-                magnitude = op_inv_freq(op)[1] if op.inv_freq is None else 1.0
                 r, half = self.layout.rotary_dim, self.layout.rotary_dim // 2
                 interleaved = self.layout.style == "interleaved"
                 pair = kb.floordiv(offs_d, 2) if interleaved else kb.rem(offs_d, half)
-                freq = kb.cast(kb.load(kb.add(self.table(p, op), pair), kb.cmp("<", offs_d, r), 0.0,
-                                       hint=f"{prefix}_inv_freq"), f32)
                 first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
-                sign = kb.where(first, -magnitude, magnitude, hint=f"{prefix}_sign")
-                angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
-                cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
-                if magnitude != 1.0:
-                    cos = kb.mul(cos, magnitude)
-                sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
+                sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")
+                rotated = kb.cmp("<", offs_d, r)
+                if op.inv_freq is None:
+                    cos_ptr, sin_ptr = self.rope_tables(p, op)
+                    idx = kb.add(kb.mul(tok_axis(pos), half), chan_axis(pair), hint=f"{prefix}_trig_idx")
+                    tmask = chan_axis(rotated)
+                    if tok_ok is not None:
+                        tmask = kb.and_(tok_axis(tok_ok), tmask)
+                    cos = kb.load(kb.add(cos_ptr, idx), tmask, 1.0, hint=f"{prefix}_cos")
+                    sin = kb.mul(kb.load(kb.add(sin_ptr, idx), tmask, 0.0), chan_axis(sign), hint=f"{prefix}_sin")
+                else:
+                    freq_ptr = self.tensor(p, op.inv_freq)
+                    freq = kb.cast(kb.load(kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])), rotated, 0.0,
+                                           hint=f"{prefix}_inv_freq"), f32)
+                    angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
+                    cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
+                    sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
                 x = kb.add(kb.mul(x, cos), kb.mul(xp, sin), hint=f"{prefix}_rot")
                 xp = None
             else:
@@ -610,7 +614,7 @@ class Lowering:
         q_x = self.transformed(
             kb, p, v.q_chain,
             lambda chans: self.load_tile(kb, q_base, offs_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
-            q_pos, True, "q",
+            q_pos, row_ok, True, "q",
         )
         q_tile = kb.cast(kb.mul(q_x, self.q_prescale), self.dtype, hint="q_tile")
 
@@ -647,7 +651,7 @@ class Lowering:
                     return self.load_tile(ib, k_base, offs_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
 
                 if self.k_placement == "kv_loop":
-                    k_x = self.transformed(ib, p, v.k_chain, load_k, offs_n, False, "k")
+                    k_x = self.transformed(ib, p, v.k_chain, load_k, offs_n, kv_ok, False, "k")
                     k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
                 else:
                     k_tile = load_k(offs_d)
@@ -728,7 +732,7 @@ class Lowering:
         k_x = self.transformed(
             kb, p, v.k_chain,
             lambda chans: self.load_tile(kb, base, offs_n, ok, k.strides[2], k.strides[3], chans, True, "k"),
-            offs_n, True, "k",
+            offs_n, ok, True, "k",
         )
         offs_d = kb.arange(self.dpad, hint="offs_d")
         out_base = kb.add(kb.add(k_rot_ptr, kb.mul(b, k_rot_strides[0])), kb.mul(hk, k_rot_strides[1]))
@@ -763,8 +767,8 @@ class Lowering:
         if self.k_placement == "prerotate":
             ops.append(tl.AllocOp("k_rot", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
                                   dtype_name(self.kdtype, "torch"), f"{k}.device"))
-        for key, values in self.tables.items():
-            ops.append(tl.TableOp(key, values, f"{q}.device"))
+        for key, (values, magnitude) in self.tables.items():
+            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, f"{k}.shape[2]", magnitude, f"{q}.device"))
         for kernel, p, grid in calls:
             # The pre-rotation kernel is a streaming copy: 4 warps, no software pipelining.
             warps, stages = (4, 1) if kernel.sym_name.data == "rotate_k" else (self.num_warps, self.num_stages)
