@@ -1,0 +1,562 @@
+"""Reference semantics of the `attn` dialect: an eager PyTorch executor of attn IR.
+
+This module *defines* what every `attn` op means; it is the oracle of every kernel test
+and the runtime's CPU fallback, so it stays independent of the Triton lowering. It
+walks the variant's `func.func` op by op and materialises the score matrix
+`[B, Hq, Nq, Nk]`.
+
+Semantics (the contract the kernels must meet):
+
+- Positions: key/value token j has position j (0..Nk-1), Nk being the sequence length
+  of the k operand of `attn.qk`. A tensor of N rows holds the *last* N positions, so
+  query row i has position Nk-Nq+i, and `attn.rope` on a tensor of N rows rotates by
+  positions Nk-N..Nk-1. Region arguments `q_idx` and `kv_idx` are these positions.
+- GQA: query head h reads kv head h // (Hq / Hkv), in `attn.qk` and in `attn.pv`.
+- Masks: every `attn.mask` must hold for a score to be kept. A masked score stays
+  masked whatever later score ops do to it (kernels may apply masks anywhere), and
+  `attn.softmax` sees it as -inf. A row with nothing kept gives p = 0, so out = 0.
+- Sinks: p = exp(s - m) / (exp(sink[h] - m) + sum exp(s - m)), m = max(row max, sink[h]).
+- Regions of `custom` masks, biases and score_mods run vectorised over
+  [B, H, Nq, Nk]: b is [B,1,1,1], h [1,H,1,1], q_idx [1,1,Nq,1], kv_idx [1,1,1,Nk].
+  Integers follow MLIR/Triton semantics: values wrap to their bit width, `divsi` and
+  `remsi` truncate toward zero like C (remsi takes the sign of the dividend),
+  `floordivsi` rounds down; integer division by zero is an error. Floats, whatever
+  their IR type (f32, f16...), are computed in `compute_dtype`, so `extf`/`truncf`
+  change nothing; a float constant keeps the value its type holds (an f32 0.1 is 0.1
+  rounded to f32).
+
+The executor is differentiable (plain torch ops, no in-place updates), so it can
+also serve as the oracle of backward kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
+    AnyFloat,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    ModuleOp,
+    TensorType,
+)
+from xdsl.dialects.func import FuncOp, ReturnOp
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects import attn
+from attnfuse.errors import AttnFuseError
+from attnfuse.ir import get_func
+from attnfuse.rope import op_inv_freq
+
+# --------------------------------------------------------------------------- public API
+
+
+def run_reference(
+    ir: ModuleOp | FuncOp | str, *args: torch.Tensor, compute_dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Execute attn IR on `args` (the function's arguments in order: q, k, v, then the
+    extra tensors) and return the output `[B, Hq, Nq, Dv]` in `compute_dtype`.
+
+    `ir` is a `builtin.module` holding exactly one `func.func`, the function itself, or
+    MLIR text of such a module. Bad IR or arguments raise `AttnFuseError` (a `ValueError`)
+    naming the argument or op and what was expected."""
+    return run_reference_with_lse(ir, *args, compute_dtype=compute_dtype)[0]
+
+
+def run_reference_with_lse(
+    ir: ModuleOp | FuncOp | str, *args: torch.Tensor, compute_dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like `run_reference`, and also return the natural-log log-sum-exp of each score
+    row, `[B, Hq, Nq]` in `compute_dtype`, counting the sink term; -inf for a row
+    with every score masked and no sink."""
+    if not (isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point):
+        raise AttnFuseError(f"compute_dtype must be a floating-point torch.dtype, got {compute_dtype}")
+    func = get_func(ir)
+    try:
+        func.verify()
+    except VerifyException as e:
+        raise AttnFuseError(f"invalid attn IR in @{func.sym_name.data}:\n{e}") from e
+    return _Executor(func, args, compute_dtype).run()
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass
+class _Scores:
+    """A score matrix: its values and which of them every mask so far keeps."""
+
+    values: torch.Tensor
+    """[B, H, Nq, Nk] in the compute dtype."""
+    keep: torch.Tensor | None
+    """bool, broadcastable to `values`; None when nothing is masked."""
+
+
+@dataclass
+class _Probs:
+    """Softmax output and the log-sum-exp of each row."""
+
+    p: torch.Tensor
+    """[B, H, Nq, Nk]"""
+    lse: torch.Tensor
+    """[B, H, Nq]"""
+
+
+def _arg_label(func: FuncOp, index: int) -> str:
+    hint = func.body.block.args[index].name_hint
+    return f"argument {index} (%{hint})" if hint else f"argument {index}"
+
+
+def _check_args(func: FuncOp, args: Sequence[object]) -> None:
+    """Check the arguments against the function type: count, tensor-ness, rank, static
+    dims and float/integer element kind."""
+    types = func.function_type.inputs.data
+    if len(args) != len(types):
+        names = ", ".join(f"%{a.name_hint}" if a.name_hint else f"#{a.index}" for a in func.body.block.args)
+        raise AttnFuseError(f"@{func.sym_name.data} takes {len(types)} arguments ({names}), got {len(args)}")
+    for i, (t, a) in enumerate(zip(types, args, strict=True)):
+        label = _arg_label(func, i)
+        if not isinstance(t, TensorType):
+            raise AttnFuseError(f"{label} has type {t}; the reference executor only takes tensors")
+        if not isinstance(a, torch.Tensor):
+            raise AttnFuseError(f"{label} must be a torch.Tensor of type {t}, got {type(a).__name__}")
+        shape = t.get_shape()
+        if a.dim() != len(shape):
+            raise AttnFuseError(f"{label} must have rank {len(shape)} ({t}), got shape {list(a.shape)}")
+        for d, (want, got) in enumerate(zip(shape, a.shape, strict=True)):
+            if want != DYNAMIC_INDEX and want != got:
+                raise AttnFuseError(f"{label} must have size {want} in dim {d} ({t}), got shape {list(a.shape)}")
+        if isinstance(t.get_element_type(), AnyFloat) != a.is_floating_point():
+            kind = "a floating-point" if isinstance(t.get_element_type(), AnyFloat) else "an integer"
+            raise AttnFuseError(f"{label} must be {kind} tensor ({t}), got dtype {a.dtype}")
+
+
+def _key_length(func: FuncOp, args: Sequence[torch.Tensor]) -> int:
+    """Nk: the rows of the tensor `attn.qk` reads as k, traced back to its argument."""
+    qks = [op for op in func.walk() if isinstance(op, attn.QKOp)]
+    if len(qks) != 1:
+        raise AttnFuseError(f"@{func.sym_name.data} must contain exactly one attn.qk, found {len(qks)}")
+    value = qks[0].k
+    while not isinstance(value, BlockArgument):
+        owner = value.owner
+        if not isinstance(owner, attn.PRE_MATMUL_OPS):
+            raise AttnFuseError(
+                f"attn.qk k must be a function argument transformed only by attn.rope, attn.norm "
+                f"or attn.scale, found {owner.name}"
+            )
+        value = owner.operands[0]
+    return args[value.index].shape[2]
+
+
+# --------------------------------------------------------------------------- the executor
+
+
+class _Executor:
+    """Runs one function on concrete tensors; `values` maps each SSA value to its data."""
+
+    def __init__(self, func: FuncOp, args: Sequence[torch.Tensor], dtype: torch.dtype):
+        _check_args(func, args)
+        self.func = func
+        self.dtype = dtype
+        self.device = args[0].device if args else torch.device("cpu")
+        self.nk = _key_length(func, args)
+        self.values: dict[SSAValue, object] = {}
+        for block_arg, a in zip(func.body.block.args, args, strict=True):
+            self.values[block_arg] = self._load(a)
+
+    def _load(self, a: torch.Tensor) -> torch.Tensor:
+        """Floats in the compute dtype, integers as int64, bools as they are."""
+        if a.is_floating_point():
+            return a.to(device=self.device, dtype=self.dtype)
+        if a.dtype == torch.bool:
+            return a.to(device=self.device)
+        return a.to(device=self.device, dtype=torch.int64)
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        for op in self.func.body.block.ops:
+            if isinstance(op, ReturnOp):
+                return self._return(op)
+            handler = self.HANDLERS.get(type(op))
+            if handler is None:
+                raise AttnFuseError(
+                    f"the reference executor does not support '{op.name}' in a function body; "
+                    f"expected attn ops ending in func.return"
+                )
+            self.values[op.results[0]] = handler(self, op)
+        raise AttnFuseError(f"@{self.func.sym_name.data} has no func.return")
+
+    def _return(self, op: ReturnOp) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(op.arguments) != 1 or not isinstance(op.arguments[0].owner, attn.PVOp):
+            raise AttnFuseError(
+                f"@{self.func.sym_name.data} must return exactly one value, the result of attn.pv"
+            )
+        pv = op.arguments[0].owner
+        probs = self.values[pv.p]
+        assert isinstance(probs, _Probs)
+        return self.values[pv.output], probs.lse
+
+    def _scores(self, value: SSAValue) -> _Scores:
+        s = self.values[value]
+        assert isinstance(s, _Scores)
+        return s
+
+    def _positions(self, nq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query positions [Nq, 1] and key positions [1, Nk], int64."""
+        q_pos = torch.arange(self.nk - nq, self.nk, device=self.device).view(nq, 1)
+        kv_pos = torch.arange(self.nk, device=self.device).view(1, self.nk)
+        return q_pos, kv_pos
+
+    # ----------------------------------------------------------------------- pre-matmul
+
+    def _rope(self, op: attn.RopeOp) -> torch.Tensor:
+        x = self.values[op.input]
+        r = op.rotary_dim.value.data
+        if op.inv_freq is not None:
+            inv_freq, magnitude = self.values[op.inv_freq].to(torch.float64), 1.0
+        else:
+            inv_freq, magnitude = op_inv_freq(op)
+        n = x.shape[2]
+        pos = torch.arange(self.nk - n, self.nk, dtype=torch.float64, device=self.device)
+        angle = pos[:, None] * inv_freq.to(self.device)[None, :]
+        cos = (torch.cos(angle) * magnitude).to(self.dtype)
+        sin = (torch.sin(angle) * magnitude).to(self.dtype)
+        rot, rest = x[..., :r], x[..., r:]
+        if op.style.data == "half":
+            x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
+            out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+        return torch.cat([out, rest], dim=-1)
+
+    def _norm(self, op: attn.NormOp) -> torch.Tensor:
+        x = self.values[op.input]
+        y = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + op.eps.value.data)
+        if op.weight is not None:
+            y = y * self.values[op.weight]
+        return y
+
+    def _scale(self, op: attn.ScaleOp) -> torch.Tensor | _Scores:
+        c = op.value.value.data
+        x = self.values[op.input]
+        if isinstance(x, _Scores):
+            return _Scores(x.values * c, x.keep)
+        return x * c
+
+    # ----------------------------------------------------------------------- matmuls
+
+    def _qk(self, op: attn.QKOp) -> _Scores:
+        q, k = self.values[op.q], self.values[op.k]
+        if q.shape[0] != k.shape[0]:
+            raise AttnFuseError(f"attn.qk: q has batch {q.shape[0]} but k has batch {k.shape[0]}")
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return _Scores(q @ k.transpose(-1, -2) * op.effective_scale, None)
+
+    def _pv(self, op: attn.PVOp) -> torch.Tensor:
+        probs = self.values[op.p]
+        assert isinstance(probs, _Probs)
+        p, v = probs.p, self.values[op.v]
+        if v.shape[0] != p.shape[0] or v.shape[2] != p.shape[3]:
+            raise AttnFuseError(
+                f"attn.pv: v must have batch {p.shape[0]} and {p.shape[3]} rows (k's), "
+                f"got shape {list(v.shape)}"
+            )
+        return p @ v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
+
+    # ----------------------------------------------------------------------- score ops
+
+    def _mask(self, op: attn.MaskOp) -> _Scores:
+        s = self._scores(op.input)
+        kind = op.kind.data
+        q_pos, kv_pos = self._positions(s.values.shape[2])
+        if kind == "causal":
+            keep = kv_pos <= q_pos
+        elif kind == "sliding_window":
+            dist = q_pos - kv_pos
+            keep = (dist >= 0) & (dist < op.param.value.data)
+        elif kind == "prefix_lm":
+            keep = (kv_pos < op.param.value.data) | (kv_pos <= q_pos)
+        elif kind == "document":
+            keep = self._document(op, s, q_pos, kv_pos)
+        else:
+            keep = self._region(op, s)
+        return _Scores(s.values, keep if s.keep is None else s.keep & keep)
+
+    def _document(
+        self, op: attn.MaskOp, s: _Scores, q_pos: torch.Tensor, kv_pos: torch.Tensor
+    ) -> torch.Tensor:
+        ids = self.values[op.extras[0]]
+        b, nq = s.values.shape[0], s.values.shape[2]
+        if tuple(ids.shape) != (b, self.nk):
+            raise AttnFuseError(
+                f"attn.mask document ids must have shape [B, Nk] = [{b}, {self.nk}], got {list(ids.shape)}"
+            )
+        if nq > self.nk:
+            raise AttnFuseError(f"attn.mask document needs Nq <= Nk, got Nq = {nq}, Nk = {self.nk}")
+        q_ids = ids[:, q_pos[:, 0]]  # [B, Nq]
+        return (q_ids[:, :, None] == ids[:, None, :])[:, None]
+
+    def _bias(self, op: attn.BiasOp) -> _Scores:
+        s = self._scores(op.input)
+        if op.kind.data == "alibi":
+            q_pos, kv_pos = self._positions(s.values.shape[2])
+            slopes = self.values[op.extras[0]]
+            bias = slopes.view(1, -1, 1, 1) * (kv_pos - q_pos).to(self.dtype)
+        else:
+            bias = self._region(op, s)
+        return _Scores(s.values + bias, s.keep)
+
+    def _softcap(self, op: attn.SoftcapOp) -> _Scores:
+        s = self._scores(op.input)
+        cap = op.cap.value.data
+        return _Scores(cap * torch.tanh(s.values / cap), s.keep)
+
+    def _score_mod(self, op: attn.ScoreModOp) -> _Scores:
+        s = self._scores(op.input)
+        return _Scores(torch.broadcast_to(self._region(op, s), s.values.shape), s.keep)
+
+    def _softmax(self, op: attn.SoftmaxOp) -> _Probs:
+        s = self._scores(op.input)
+        x = s.values if s.keep is None else torch.where(s.keep, s.values, float("-inf"))
+        m = x.amax(dim=-1, keepdim=True)
+        sink = None
+        if op.sink is not None:
+            sink = self.values[op.sink].view(1, -1, 1, 1)
+            m = torch.maximum(m, sink)
+        m = torch.where(torch.isneginf(m), 0.0, m)  # a fully masked row: exp gives zeros
+        e = torch.exp(x - m)
+        denom = e.sum(dim=-1, keepdim=True)
+        if sink is not None:
+            denom = denom + torch.exp(sink - m)
+        p = e / torch.where(denom > 0, denom, 1.0)
+        lse = (m + torch.log(denom)).squeeze(-1)
+        return _Probs(p, lse)
+
+    # ----------------------------------------------------------------------- regions
+
+    def _region(self, op: attn.MaskOp | attn.BiasOp | attn.ScoreModOp, s: _Scores) -> torch.Tensor:
+        """Run a custom region over every (b, h, q_idx, kv_idx) at once; its value,
+        broadcastable to [B, H, Nq, Nk]."""
+        block: Block = op.body.block
+        b, h, nq, nk = s.values.shape
+        q_pos, kv_pos = self._positions(nq)
+        env: dict[SSAValue, torch.Tensor] = {}
+        args = list(block.args)
+        if op.HAS_SCORE_ARG:
+            env[args.pop(0)] = s.values
+        env[args[0]] = torch.arange(b, device=self.device).view(b, 1, 1, 1)
+        env[args[1]] = torch.arange(h, device=self.device).view(1, h, 1, 1)
+        env[args[2]] = q_pos.view(1, 1, nq, 1)
+        env[args[3]] = kv_pos.view(1, 1, 1, nk)
+        for block_arg, extra in zip(args[4:], op.extras, strict=True):
+            env[block_arg] = self.values[extra]
+        for inner in block.ops:
+            if isinstance(inner, attn.YieldOp):
+                return env[inner.values[0]]
+            env[inner.results[0]] = self._region_op(inner, env, op)
+        raise AttnFuseError(f"{op.name} region has no attn.yield")
+
+    def _region_op(
+        self, inner: Operation, env: dict[SSAValue, torch.Tensor], parent: Operation
+    ) -> torch.Tensor:
+        if isinstance(inner, attn.ExtractOp):
+            result = _extract(inner, [env[v] for v in inner.operands])
+        elif inner.name == "arith.constant":
+            result = self._constant(inner)
+        else:
+            fn = REGION_OPS.get(inner.name)
+            if fn is None or inner.regions or len(inner.results) != 1:
+                raise AttnFuseError(
+                    f"the reference executor does not support '{inner.name}' in a {parent.name} "
+                    f"region; supported: attn.extract, arith.constant, {', '.join(sorted(REGION_OPS))}"
+                )
+            result = fn(inner, [env[v] for v in inner.operands])
+        return _to_type(result, inner.results[0].type, self.dtype)
+
+    def _constant(self, op: Operation) -> torch.Tensor:
+        value = op.properties["value"]
+        if isinstance(value, IntegerAttr):
+            return torch.tensor(value.value.data, dtype=torch.int64, device=self.device)
+        if isinstance(value, FloatAttr):
+            return torch.tensor(value.value.data, dtype=self.dtype, device=self.device)
+        raise AttnFuseError(f"the reference executor supports only scalar arith.constant, got {value}")
+
+    HANDLERS: dict[type[Operation], Callable[[_Executor, Operation], object]] = {
+        attn.RopeOp: _rope,
+        attn.NormOp: _norm,
+        attn.ScaleOp: _scale,
+        attn.QKOp: _qk,
+        attn.MaskOp: _mask,
+        attn.BiasOp: _bias,
+        attn.SoftcapOp: _softcap,
+        attn.ScoreModOp: _score_mod,
+        attn.SoftmaxOp: _softmax,
+        attn.PVOp: _pv,
+    }
+
+
+# --------------------------------------------------------------------------- region ops
+# Integers are int64 tensors holding the signed value of their IR width (bool for i1);
+# `_to_type` wraps every integer result to its width.
+
+_INT64_MIN = -(1 << 63)
+
+
+def _width(t: Attribute) -> int:
+    if isinstance(t, IntegerType):
+        return t.width.data
+    assert isinstance(t, IndexType), t
+    return 64
+
+
+def _signed(x: torch.Tensor) -> torch.Tensor:
+    """The signed value of an integer; an i1 true is -1, as in MLIR."""
+    return -x.to(torch.int64) if x.dtype == torch.bool else x
+
+
+def _zext(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The unsigned value of a `width`-bit integer (width < 64)."""
+    return x.to(torch.int64) if x.dtype == torch.bool else x & ((1 << width) - 1)
+
+
+def _to_type(x: torch.Tensor, t: Attribute, dtype: torch.dtype) -> torch.Tensor:
+    """Represent a region value as its IR type says: wrap integers, cast floats."""
+    if isinstance(t, AnyFloat):
+        return x.to(dtype)
+    width = _width(t)
+    if width == 1:
+        return x if x.dtype == torch.bool else (x & 1) != 0
+    x = _signed(x)
+    if width >= 64:
+        return x
+    half = 1 << (width - 1)
+    return torch.remainder(x + half, 1 << width) - half
+
+
+def _nonzero_divisor(op: Operation, b: torch.Tensor) -> torch.Tensor:
+    if bool((b == 0).any()):
+        raise AttnFuseError(f"integer division by zero in {op.name}")
+    return b
+
+
+def _int_binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    return lambda op, a: fn(_signed(a[0]), _signed(a[1]))
+
+
+def _int_division(rounding: str):
+    def run(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
+        return torch.div(_signed(a[0]), _nonzero_divisor(op, _signed(a[1])), rounding_mode=rounding)
+
+    return run
+
+
+def _remsi(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
+    # torch.fmod truncates like C: the remainder takes the sign of the dividend.
+    return torch.fmod(_signed(a[0]), _nonzero_divisor(op, _signed(a[1])))
+
+
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]):
+    return lambda op, a: fn(a[0])
+
+
+def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    return lambda op, a: fn(a[0], a[1])
+
+
+def _cmpi(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
+    pred = op.properties["predicate"].value.data
+    width = _width(op.operands[0].type)
+    if pred >= 6:  # unsigned: compare the zero-extended values
+        if width >= 64:  # flipping the sign bit maps unsigned order onto signed order
+            x, y = a[0] ^ _INT64_MIN, a[1] ^ _INT64_MIN
+        else:
+            x, y = _zext(a[0], width), _zext(a[1], width)
+    else:
+        x, y = _signed(a[0]), _signed(a[1])
+    compare = (torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge)[pred if pred < 6 else pred - 4]
+    return compare(x, y)
+
+
+def _cmpf(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
+    pred = op.properties["predicate"].value.data
+    x, y = a
+    unordered = torch.isnan(x) | torch.isnan(y)
+    if pred in (0, 15):  # false, true
+        return torch.full(torch.broadcast_shapes(x.shape, y.shape), pred == 15, device=x.device)
+    if pred == 7:  # ord
+        return ~unordered
+    if pred == 14:  # uno
+        return unordered
+    compare = {1: torch.eq, 2: torch.gt, 3: torch.ge, 4: torch.lt, 5: torch.le, 6: torch.ne}
+    if pred < 7:  # ordered: false when either side is NaN
+        return compare[pred](x, y) & ~unordered
+    return compare[pred - 7](x, y) | unordered  # ueq, ugt, uge, ult, ule, une
+
+
+def _extract(op: attn.ExtractOp, a: list[torch.Tensor]) -> torch.Tensor:
+    tensor, indices = a[0], [_signed(i) for i in a[1:]]
+    indices = torch.broadcast_tensors(*indices)
+    for d, (i, size) in enumerate(zip(indices, tensor.shape, strict=True)):
+        if bool(((i < 0) | (i >= size)).any()):
+            raise AttnFuseError(
+                f"attn.extract index out of range in dim {d} of a tensor of shape {list(tensor.shape)}: "
+                f"indices span [{int(i.min())}, {int(i.max())}]"
+            )
+    return tensor[tuple(indices)]
+
+
+REGION_OPS: dict[str, Callable[[Operation, list[torch.Tensor]], torch.Tensor]] = {
+    # integer arithmetic, wrapped to the result width by `_to_type`
+    "arith.addi": _int_binary(torch.add),
+    "arith.subi": _int_binary(torch.sub),
+    "arith.muli": _int_binary(torch.mul),
+    "arith.divsi": _int_division("trunc"),
+    "arith.floordivsi": _int_division("floor"),
+    "arith.remsi": _remsi,
+    "arith.maxsi": _int_binary(torch.maximum),
+    "arith.minsi": _int_binary(torch.minimum),
+    "arith.andi": _int_binary(torch.bitwise_and),
+    "arith.ori": _int_binary(torch.bitwise_or),
+    "arith.xori": _int_binary(torch.bitwise_xor),
+    "math.absi": _unary(lambda x: torch.abs(_signed(x))),
+    # float arithmetic, in the compute dtype
+    "arith.addf": _binary(torch.add),
+    "arith.subf": _binary(torch.sub),
+    "arith.mulf": _binary(torch.mul),
+    "arith.divf": _binary(torch.div),
+    "arith.negf": _unary(torch.neg),
+    "arith.maximumf": _binary(torch.maximum),
+    "arith.minimumf": _binary(torch.minimum),
+    "math.exp": _unary(torch.exp),
+    "math.exp2": _unary(torch.exp2),
+    "math.log": _unary(torch.log),
+    "math.log2": _unary(torch.log2),
+    "math.tanh": _unary(torch.tanh),
+    "math.sqrt": _unary(torch.sqrt),
+    "math.rsqrt": _unary(torch.rsqrt),
+    "math.absf": _unary(torch.abs),
+    "math.sin": _unary(torch.sin),
+    "math.cos": _unary(torch.cos),
+    "math.powf": _binary(torch.pow),
+    # comparisons and selection
+    "arith.cmpi": _cmpi,
+    "arith.cmpf": _cmpf,
+    "arith.select": lambda op, a: torch.where(a[0], a[1], a[2]),
+    # casts
+    "arith.sitofp": _unary(_signed),
+    "arith.fptosi": _unary(lambda x: torch.trunc(x).to(torch.int64)),
+    "arith.extsi": _unary(_signed),
+    "arith.extui": lambda op, a: _zext(a[0], _width(op.operands[0].type)),
+    "arith.trunci": _unary(_signed),
+    "arith.index_cast": _unary(_signed),
+    "arith.extf": _unary(lambda x: x),
+    "arith.truncf": _unary(lambda x: x),
+}
+"""Interpreters of the ops a custom region may hold, by op name: (op, operand values)
+-> result, before `_to_type` wraps or casts it to the result type."""
