@@ -285,7 +285,10 @@ class _Tracer:
         except AttnFuseError:
             raise
         except Exception as e:
-            raise AttnFuseError(f"while tracing {what}: {type(e).__name__}: {e}") from e
+            raise AttnFuseError(
+                f"while tracing {what}: {type(e).__name__}: {e} (a traced function can use its arguments, "
+                f"Python numbers, af.* functions and elements of the variant's tensor arguments, e.g. ids[b, kv_idx])"
+            ) from e
         finally:
             self.region = None
         if isinstance(result, Scalar) and result.region is not region:
@@ -480,6 +483,13 @@ class ExtraProxy(_Proxy):
 
     def __repr__(self) -> str:
         return f"<{self._extra.name}: {self._extra.spec.ndim}-d {self._extra.spec.dtype} tensor>"
+
+    def _no_arith(self, *_: object) -> None:
+        raise AttnFuseError(f"{self!r} is a tensor: index it to read an element (e.g. {self._extra.name}[h])")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _no_arith
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _no_arith  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
     def __getitem__(self, index: object) -> Scalar:
         extra = self._extra
@@ -1017,8 +1027,8 @@ def _scaling_attr(kind: str, **params: float | None) -> attn.RopeScalingAttr:
     for k, default in spec.items():
         if k not in values and default is not None and not (k == "attention_factor" and default == 0.0):
             values[k] = default
-    attr = attn.RopeScalingAttr(kind, **{k: values[k] for k in spec if k in values})
     try:
+        attr = attn.RopeScalingAttr(kind, **{k: values[k] for k in spec if k in values})
         attr.verify()
     except VerifyException as e:
         raise AttnFuseError(str(e)) from None
