@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     DictionaryAttr,
     FloatAttr,
     IntAttr,
@@ -591,7 +592,7 @@ class QKOp(IRDLOperation):
             raise VerifyException(
                 f"attn.qk q heads ({qs[1]}) must be a multiple of k heads ({ks[1]})"
             )
-        if -1 not in (qs[0], ks[0]) and qs[0] != ks[0]:
+        if DYNAMIC_INDEX not in (qs[0], ks[0]) and qs[0] != ks[0]:
             raise VerifyException(f"attn.qk q and k batch sizes differ: {qs[0]} vs {ks[0]}")
         if _heads(self.scores.type) != qs[1]:
             raise VerifyException(
