@@ -146,9 +146,9 @@ class LoadedKernel:
 
     @property
     def launch(self) -> Callable[..., Any]:
-        if not self.interpret:
-            return self.module.launch
         launch = self.module.launch
+        if not self.interpret or not _compiled_library_functions():
+            return launch
 
         def interpreted(*args: Any) -> Any:
             with interpreter_library():
@@ -196,7 +196,31 @@ def load_module(path: str | Path, *, interpret: bool, name: str | None = None) -
 
 
 _library_lock = threading.RLock()
-_interpreted_twins: dict[int, Any] = {}
+_library_swaps: list[tuple[Any, str, Any, Any]] | None = None
+
+
+def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
+    """(owner, attribute, compiled function, interpreted twin) for every compiled
+    `@triton.jit` function of Triton's library; found once per process."""
+    global _library_swaps
+    if _library_swaps is None:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        with contextlib.suppress(ImportError):
+            # Gluon checks, when first imported, that the library functions are compiled ones.
+            import triton.experimental.gluon  # noqa: F401
+        owners: list[Any] = [m for n, m in list(sys.modules.items()) if n.split(".")[:2] == ["triton", "language"]]
+        owners.append(tl.core.tensor)
+        twins: dict[int, Any] = {}
+        _library_swaps = [
+            (o, a, f, twins.setdefault(id(f), InterpretedFunction(f.fn)))
+            for o in owners
+            for a, f in list(vars(o).items())
+            if isinstance(f, JITFunction)
+        ]
+    return _library_swaps
 
 
 @contextlib.contextmanager
@@ -209,26 +233,14 @@ def interpreter_library() -> Iterator[None]:
     every compiled library function (attributes of the `triton.language` modules and
     of `tl.tensor`) is replaced by an interpreted twin; on exit the originals come
     back. A process started with TRITON_INTERPRET=1 has nothing to replace."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    with contextlib.suppress(ImportError):
-        # Gluon checks, when first imported, that the library functions are compiled ones.
-        import triton.experimental.gluon  # noqa: F401
     with _library_lock:
-        owners: list[Any] = [m for n, m in list(sys.modules.items()) if n.split(".")[:2] == ["triton", "language"]]
-        owners.append(tl.core.tensor)
-        swapped = [(o, a, f) for o in owners for a, f in list(vars(o).items()) if isinstance(f, JITFunction)]
-        for owner, attr, fn in swapped:
-            twin = _interpreted_twins.get(id(fn))
-            if twin is None:
-                twin = _interpreted_twins[id(fn)] = InterpretedFunction(fn.fn)
+        swaps = _compiled_library_functions()
+        for owner, attr, _, twin in swaps:
             setattr(owner, attr, twin)
         try:
             yield
         finally:
-            for owner, attr, fn in swapped:
+            for owner, attr, fn, _ in swaps:
                 setattr(owner, attr, fn)
 
 

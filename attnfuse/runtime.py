@@ -160,36 +160,72 @@ def _check_extra_values(names: Sequence[str], q: torch.Tensor, extras: Sequence[
                 ) from None
 
 
-def _extras_checker(
+def _tensor_specs(trace: dsl.Trace, n_given: int) -> list[tuple[int, dsl.ExtraSpec]]:
+    """(index among the given extras, spec) of each given extra tensor."""
+    return [(spec.position - 3, spec) for spec in trace.extras if spec is not None and spec.position - 3 < n_given]
+
+
+def _validate_extras(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> None:
+    """Check the given extra tensors against what the traced IR needs (device, shape),
+    raising `AttnFuseError` naming the argument and the expected size."""
+    sizes = {"B": q.shape[0], "Hq": q.shape[1], "Nk": k.shape[2]}
+    for i, spec in _tensor_specs(trace, len(extras)):
+        x = extras[i]
+        assert isinstance(x, torch.Tensor)
+        if x.device != q.device:
+            raise AttnFuseError(
+                f"{spec.name} is on {x.device} but q is on {q.device}: all tensors must be on one device"
+            )
+        shape = x.shape
+        if spec.static_shape is not None and shape != spec.static_shape:
+            raise AttnFuseError(
+                f"{spec.name} ({spec.static_reason}) must have shape {list(spec.static_shape)}, got {list(shape)}"
+            )
+        for dim, rel, size, why in spec.dim_reqs:
+            n = size if isinstance(size, int) else sizes[size]
+            if (shape[dim] != n) if rel == "eq" else (shape[dim] < n):
+                what = f"{n}" if isinstance(size, int) else f"{n} ({_SIZE_NAMES[size]})"
+                raise AttnFuseError(
+                    f"{spec.name} must have {'size' if rel == 'eq' else 'at least size'} {what} in dim {dim} "
+                    f"({why}), got shape {list(shape)}"
+                )
+
+
+_SIZE_INDEX = {"B": 0, "Hq": 1, "Nk": 2}
+
+
+def _extras_check(
     trace: dsl.Trace, n_given: int
-) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], None] | None:
-    """A function checking the given extra tensors against what the IR needs (shape,
-    device), raising `AttnFuseError`; None when nothing is to be checked."""
-    checks = [(spec.position - 3, spec) for spec in trace.extras if spec is not None and spec.position - 3 < n_given]
-    if not checks:
+) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None:
+    """The hot path's version of `_validate_extras`: True when the extras fit, False
+    to take the slow path (which raises the precise error); None when there is
+    nothing to check."""
+    compiled = []
+    for i, spec in _tensor_specs(trace, n_given):
+        reqs = tuple(
+            (dim, rel == "eq", -1, size) if isinstance(size, int) else (dim, rel == "eq", _SIZE_INDEX[size], 0)
+            for dim, rel, size, _ in spec.dim_reqs
+        )
+        compiled.append((i, spec.static_shape, reqs))
+    if not compiled:
         return None
 
-    def check(q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> None:
-        for i, spec in checks:
+    def check(q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> bool:
+        device, sizes = q.device, None
+        for i, static, reqs in compiled:
             x = extras[i]
-            assert isinstance(x, torch.Tensor)
-            shape = x.shape
-            if x.device != q.device:
-                raise AttnFuseError(
-                    f"{spec.name} is on {x.device} but q is on {q.device}: all tensors must be on one device"
-                )
-            if spec.static_shape is not None and shape != spec.static_shape:
-                raise AttnFuseError(
-                    f"{spec.name} ({spec.static_reason}) must have shape {list(spec.static_shape)}, got {list(shape)}"
-                )
-            for dim, rel, size, why in spec.dim_reqs:
-                n = size if isinstance(size, int) else {"B": q.shape[0], "Hq": q.shape[1], "Nk": k.shape[2]}[size]
-                if (shape[dim] != n) if rel == "eq" else (shape[dim] < n):
-                    what = f"{n}" if isinstance(size, int) else f"{n} ({_SIZE_NAMES[size]})"
-                    raise AttnFuseError(
-                        f"{spec.name} must have {'size' if rel == 'eq' else 'at least size'} {what} in dim {dim} "
-                        f"({why}), got shape {list(shape)}"
-                    )
+            shape = x.shape  # type: ignore[attr-defined]
+            if x.device != device or (static is not None and shape != static):  # type: ignore[attr-defined]
+                return False
+            for dim, eq, index, n in reqs:
+                if index >= 0:
+                    if sizes is None:
+                        qs = q.shape
+                        sizes = (qs[0], qs[1], k.shape[2])
+                    n = sizes[index]
+                if (shape[dim] != n) if eq else (shape[dim] < n):
+                    return False
+        return True
 
     return check
 
@@ -254,6 +290,12 @@ class Kernel:
         return self._loaded.launch_params
 
     @property
+    def launch(self) -> Callable[..., Any]:
+        """The generated `launch(q, k, v, *extra tensors) -> (out, lse)`, called as is:
+        no validation (benchmarks use it to time the kernel alone)."""
+        return self._loaded.launch
+
+    @property
     def interpreted(self) -> bool:
         return self._loaded.interpret
 
@@ -281,13 +323,9 @@ class _Entry:
     def __init__(
         self,
         run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple[object, ...]], torch.Tensor],
-        check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], None] | None,
+        check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None,
     ):
         self.run, self.check = run, check
-
-
-def _extra_key(x: object) -> object:
-    return (x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x)
 
 
 class Variant:
@@ -340,14 +378,14 @@ class Variant:
                 128 if n <= 128 else 1 << (n - 1).bit_length(),
             )  # fmt: skip
             if extras:
-                key += tuple(map(_extra_key, extras))
+                key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
             entry = self._hot[key]
         except Exception:
             return self._call_slow(backend_name, q, k, v, extras)
         if b != bk or b != bv or nk != nv or k.device != q.device or v.device != q.device:
             return self._call_slow(backend_name, q, k, v, extras)
-        if entry.check is not None:
-            entry.check(q, k, extras)
+        if entry.check is not None and not entry.check(q, k, extras):
+            return self._call_slow(backend_name, q, k, v, extras)
         return entry.run(q, k, v, extras)
 
     # ---- the slow path: validation, tracing, kernel lookup
@@ -355,10 +393,7 @@ class Variant:
     def _call_slow(
         self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
     ) -> torch.Tensor:
-        entry = self._prepare(backend_name, q, k, v, extras)
-        if entry.check is not None:
-            entry.check(q, k, extras)
-        return entry.run(q, k, v, extras)
+        return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
 
     def _bind(self, extras: Sequence[object]) -> tuple[object, ...]:
         """The extra arguments with defaults filled in."""
@@ -404,9 +439,7 @@ class Variant:
     ) -> _Entry:
         backend_name = _check_backend(backend_name, "af.backend" if _backend_var.get() else "ATTNFUSE_BACKEND=")
         trace, full = self._validated_trace(q, k, v, extras)
-        check = _extras_checker(trace, len(extras))
-        if check is not None:
-            check(q, k, extras)
+        _validate_extras(trace, q, k, extras)
         select = self._selector(full, len(extras))
         mode = _kernel_mode(backend_name, q)
         if mode == "reference":
@@ -424,14 +457,14 @@ class Variant:
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 return launch(q, k, v, *(extras if select is None else select(extras)))[0]
 
-        entry = _Entry(run, check)
+        entry = _Entry(run, _extras_check(trace, len(extras)))
         n = max(q.shape[2], k.shape[2])
         key = (
             backend_name, q.device, q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], v.shape[1],
             q.shape[3], k.shape[3], v.shape[3], 128 if n <= 128 else 1 << (n - 1).bit_length(),
         )  # fmt: skip
         if extras:
-            key += tuple(map(_extra_key, extras))
+            key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
         self._hot[key] = entry
         return entry
 
@@ -464,9 +497,7 @@ class Variant:
                 f"this kernel of {self.__name__} was compiled for {_describe_signature(signature)}, "
                 f"got {_describe_signature(got)}; compile another with {self.__name__}.compile(...)"
             )
-        check = _extras_checker(trace, len(extras))
-        if check is not None:
-            check(q, k, extras)
+        _validate_extras(trace, q, k, extras)
         return tuple(x for x in full if isinstance(x, torch.Tensor))
 
     # ---- public API
@@ -476,9 +507,7 @@ class Variant:
         interpreter otherwise (or as af.backend says: 'triton' or 'interpret')."""
         name = current_backend()
         trace, full = self._validated_trace(q, k, v, extras)
-        check = _extras_checker(trace, len(extras))
-        if check is not None:
-            check(q, k, extras)
+        _validate_extras(trace, q, k, extras)
         if name in ("auto", "reference"):
             interpret = q.device.type != "cuda"
         else:
