@@ -7,9 +7,11 @@ import warnings
 from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from attnfuse import __version__
+
 
 class AttnFuseOptMain(xDSLOptMain):
-    version_format = "attnfuse-opt (xdsl {xdsl_version})"
+    version_format = "attnfuse-opt " + __version__ + " (xdsl {xdsl_version})"
 
     def __init__(self, args=None):
         super().__init__(description="AttnFuse modular optimizer driver", args=args)
@@ -19,7 +21,7 @@ def main(args: list[str] | None = None) -> None:
     warnings.filterwarnings("default", category=DeprecationWarning)
     try:
         AttnFuseOptMain(args=args).run()
-    except (ParseError, VerifyException, DiagnosticException, PassFailedException, ValueError) as e:
+    except (ParseError, VerifyException, DiagnosticException, PassFailedException, ValueError, OSError) as e:
         # Malformed IR, bad pass options: a diagnostic, not a Python traceback.
         print(f"attnfuse-opt: error: {e}", file=sys.stderr)
         for note in getattr(e, "__notes__", ()):
