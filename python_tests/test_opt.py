@@ -230,4 +230,4 @@ def test_version(capsys):
         main(args=["--version"])
     assert exit_info.value.code == 0
     out, _ = capsys.readouterr()
-    assert out.strip() == f"attnfuse-opt (xdsl {version('xdsl')})"
+    assert out.strip() == f"attnfuse-opt {version('attnfuse')} (xdsl {version('xdsl')})"
