@@ -379,12 +379,18 @@ class Lowering:
                 rotated = kb.cmp("<", offs_d, r)
                 if op.inv_freq is None:
                     cos_ptr, sin_ptr = self.rope_tables(p, op)
+                    tok_sign = None
+                    if prefix == "q":  # query positions Nk - Nq + i are negative when Nq > Nk
+                        tok_sign = tok_axis(kb.where(kb.cmp("<", pos, 0), -1.0, 1.0))
+                        pos = kb.unary(tl.AbsOp, pos)
                     idx = kb.add(kb.mul(tok_axis(pos), half), chan_axis(pair), hint=f"{prefix}_trig_idx")
                     tmask = chan_axis(rotated)
                     if tok_ok is not None:
                         tmask = kb.and_(tok_axis(tok_ok), tmask)
                     cos = kb.load(kb.add(cos_ptr, idx), tmask, 1.0, hint=f"{prefix}_cos")
                     sin = kb.mul(kb.load(kb.add(sin_ptr, idx), tmask, 0.0), chan_axis(sign), hint=f"{prefix}_sin")
+                    if tok_sign is not None:
+                        sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
                 else:
                     freq_ptr = self.tensor(p, op.inv_freq)
                     freq = kb.cast(kb.load(kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])), rotated, 0.0,
@@ -536,7 +542,7 @@ class Lowering:
             base = kb.add(ids.ptr, kb.mul(ctx["b"], ids.strides[0]))
             doc_k = kb.load(kb.add(base, kb.mul(kv, ids.strides[1])), ctx["kv_ok_col"], -2,
                             hint="doc_k")
-            return kb.cmp("==", ctx["doc_q"], doc_k, hint="same_doc")
+            return kb.cmp("==", ctx[f"doc_q_{ids.ptr.name_hint}"], doc_k, hint="same_doc")
         return self.region_value(kb, p, op, ctx, None)
 
     # ------------------------------------------------------------------ KV segments
@@ -627,12 +633,11 @@ class Lowering:
         dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
 
         ctx: dict[str, SSAValue] = {"b": b, "h": h, "q_idx": kb.row(q_pos)}
-        for mask in v.masks:
+        for mask in v.masks:  # the query's id of each document mask, loaded once
             if mask.kind.data == "document":
                 ids = self.tensor(p, mask.extras[0])
                 ids_ptr = kb.add(kb.add(ids.ptr, kb.mul(b, ids.strides[0])), kb.mul(q_pos, ids.strides[1]))
-                ctx["doc_q"] = kb.row(kb.load(ids_ptr, row_ok, -1, hint="doc_q"))
-                break
+                ctx[f"doc_q_{ids.ptr.name_hint}"] = kb.row(kb.load(ids_ptr, row_ok, -1, hint="doc_q"))
 
         m_i = kb.full([block_m], NEG_INF, f32, hint="m_i")
         l_i = kb.full([block_m], 0.0, f32, hint="l_i")
@@ -768,7 +773,9 @@ class Lowering:
             ops.append(tl.AllocOp("k_rot", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
                                   dtype_name(self.kdtype, "torch"), f"{k}.device"))
         for key, (values, magnitude) in self.tables.items():
-            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, f"{k}.shape[2]", magnitude, f"{q}.device"))
+            # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
+            length = f"max({q}.shape[2], {k}.shape[2])"
+            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, f"{q}.device"))
         for kernel, p, grid in calls:
             # The pre-rotation kernel is a streaming copy: 4 warps, no software pipelining.
             warps, stages = (4, 1) if kernel.sym_name.data == "rotate_k" else (self.num_warps, self.num_stages)
