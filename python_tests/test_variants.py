@@ -159,6 +159,8 @@ def test_named_variant_on_gpu(name, dtype):
     out = variant(*args)  # auto: Triton on CUDA tensors
     oracle = run_reference(variant.ir_module(*args), *args)
     err = (out.to(F64) - oracle).abs().max().item()
-    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    # bf16 keeps 8 mantissa bits: with QK-norm'd scores up to ~13 (qwen3 here), rounding q and k
+    # to bf16 alone moves the output by 2.2e-2 (measured in float64 on the CPU).
+    tol = 5e-2 if dtype == torch.bfloat16 else 4e-3
     print(f"{name} {dtype}: max abs error {err:.2e}")
     assert out.dtype == dtype and err < tol and math.isfinite(err)
