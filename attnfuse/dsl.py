@@ -134,6 +134,11 @@ def _tracer(what: str) -> _Tracer:
             f"{what} works on the symbolic tensors of a variant being traced: call it inside a "
             f"function decorated with @af.variant"
         )
+    if t.region is not None:
+        raise AttnFuseError(
+            f"{what} cannot be used inside {t.region.what}: a custom function computes one score element "
+            f"from scalars"
+        )
     return t
 
 
@@ -187,8 +192,7 @@ class _Extra:
 class _Region:
     """The region of a custom mask, bias or score_mod being traced."""
 
-    def __init__(self, tracer: _Tracer, what: str, has_score: bool):
-        self.tracer = tracer
+    def __init__(self, what: str, has_score: bool):
         self.what = what
         names = (["score"] if has_score else []) + ["b", "h", "q_idx", "kv_idx"]
         self.block = Block(arg_types=([f32] if has_score else []) + [i32] * 4)
@@ -276,9 +280,7 @@ class _Tracer:
         returns the region and the extra tensors it reads, in order of first use."""
         has_score = kind == "score_mod"
         _check_arity(fn, what, 5 if has_score else 4)
-        if self.region is not None:
-            raise AttnFuseError(f"{what} cannot be applied inside another traced function")
-        region = _Region(self, what, has_score)
+        region = _Region(what, has_score)
         self.region = region
         try:
             result = fn(*region.args)

@@ -246,6 +246,8 @@ def test_tracing_errors_with_extras():
         af.AttnFuseError, match=r"af.document ids must be a tensor argument of the variant .* not a tensor captured"
     ):
         traced(lambda s: af.mask(s, af.document(captured)))
+    with pytest.raises(af.AttnFuseError, match=r"af.mask cannot be used inside af.mask predicate <lambda>"):
+        traced(lambda s: af.mask(s, lambda b, h, qi, kv: af.mask(s, af.causal)))
     with pytest.raises(af.AttnFuseError, match=r"indexing x0 is only meaningful inside a custom mask"):
         traced(lambda s, x: af.scale(s, 1.0) if x[0, 0] else s, ids)
 
