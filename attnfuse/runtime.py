@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse import cache, dsl
 from attnfuse.cache import KERNELS, KernelSpec, LoadedKernel, seq_bucket, use_compiler
@@ -264,7 +265,14 @@ def _load_kernel(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         sm=0 if interpret else _sm(q.device),
         interpret=interpret,
     )
-    return KERNELS.get(trace.module, spec)
+    try:
+        return KERNELS.get(trace.module, spec)
+    except DiagnosticException as e:
+        name = trace.module.ops.first.sym_name.data  # type: ignore[union-attr]
+        raise AttnFuseError(
+            f"the Triton lowering cannot compile {name}: {e} (the reference backend runs every variant the attn "
+            f"dialect can express)"
+        ) from e
 
 
 class Kernel:

@@ -359,3 +359,33 @@ def test_interpret_qk_norm_custom_mask_with_ids():
     q, k, v = qkv(b=2, hq=2, hkv=2, nq=21, nk=21, d=16, dv=16, dtype=torch.float16)
     ids = torch.tensor([[0] * 9 + [1] * 12, [2] * 21], dtype=torch.int32)
     interpret_matches_reference(custom, (q, k, v, rand(16, seed=9).abs() + 0.5, ids), torch.float16)
+
+
+def test_interpret_prefix_lm_scales_partial_rotary_inv_freq_custom_bias():
+    @af.variant
+    def assorted(q, k, v, freqs):
+        q = af.scale(af.rope(q, rotary_dim=8, inv_freq=freqs), 0.7)
+        k = af.rope(k, theta=500.0, rotary_dim=8, scaling=af.linear_scaling(2.0))
+        s = af.scale(af.qk(q, k), 1.3)
+        s = af.bias(s, lambda b, h, qi, kv: ((kv - qi) // 3) * 0.1 + (kv - qi) % 4 - h)
+        return af.pv(af.softmax(af.mask(s, af.prefix_lm(5))), v)
+
+    q, k, v = qkv(b=1, hq=3, hkv=1, nq=17, nk=29, d=16, dv=8, dtype=torch.float16)
+    interpret_matches_reference(assorted, (q, k, v, torch.tensor([1.0, 0.5, 0.1, 0.02])), torch.float16)
+
+
+def test_a_variant_the_lowering_cannot_compile():
+    @af.variant
+    def mixed_styles(q, k, v):
+        q = af.rope(q, style="half")
+        k = af.rope(k, style="interleaved")
+        return af.pv(af.softmax(af.qk(q, k)), v)
+
+    args = qkv()
+    with (
+        af.backend("interpret"),
+        pytest.raises(af.AttnFuseError, match=r"the Triton lowering cannot compile mixed_styles: .*share style"),
+    ):
+        mixed_styles(*args)
+    with af.backend("reference"):
+        mixed_styles(*args)  # the reference backend runs what the dialect can say
