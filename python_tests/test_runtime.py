@@ -389,3 +389,18 @@ def test_a_variant_the_lowering_cannot_compile():
         mixed_styles(*args)
     with af.backend("reference"):
         mixed_styles(*args)  # the reference backend runs what the dialect can say
+
+
+def test_interpret_int64_ids_bool_table_and_math_functions():
+    @af.variant
+    def tables(q, k, v, ids, allowed):
+        s = af.mask(af.qk(q, k), lambda b, h, qi, kv: (ids[b, qi] == ids[b, kv]) & allowed[h, kv % 4])
+        s = af.score_mod(
+            s, lambda x, b, h, qi, kv: af.where(x > 0, af.tanh(x), x * 0.5) + af.exp2(-af.abs(qi - kv) * 0.1)
+        )
+        return af.pv(af.softmax(s), v)
+
+    q, k, v = qkv(b=2, hq=4, hkv=2, nq=13, nk=19, d=16, dv=16, dtype=torch.float16)
+    ids = torch.tensor([[0] * 9 + [1] * 10, [3] * 19])  # int64
+    allowed = torch.rand(4, 4, generator=torch.Generator().manual_seed(7)) > 0.3  # bool
+    interpret_matches_reference(tables, (q, k, v, ids, allowed), torch.float16)
