@@ -24,8 +24,6 @@ only need the dialects (`attnfuse-opt`) do not import torch.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -96,20 +94,6 @@ __all__ = [
     "where",
     "yarn_scaling",
 ]
-
-
-class _Package(types.ModuleType):
-    """The `attnfuse` package: importing a submodule whose name is also a public block
-    (`attnfuse.rope`, the RoPE frequency helpers) must not replace the block as the
-    package attribute (`af.rope`); the submodule stays importable by its full name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

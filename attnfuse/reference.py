@@ -52,7 +52,7 @@ from xdsl.utils.exceptions import VerifyException
 from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 from attnfuse.ir import get_func
-from attnfuse.rope import op_inv_freq
+from attnfuse.rope_freqs import op_inv_freq
 
 # --------------------------------------------------------------------------- public API
 

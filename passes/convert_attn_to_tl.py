@@ -34,7 +34,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.analysis import Variant, analyse, variant_funcs
-from attnfuse.rope import op_inv_freq
+from attnfuse.rope_freqs import op_inv_freq
 from attnfuse.triton_printer import dtype_name
 
 LOG2E = 1.4426950408889634

@@ -1,4 +1,4 @@
-"""RoPE frequencies (attnfuse.rope) against the published algorithms, written out here
+"""RoPE frequencies (attnfuse.rope_freqs) against the published algorithms, written out here
 one frequency at a time: Meta's llama3 `apply_scaling` (HF's `_compute_llama3_parameters`
 is its vectorised form) and HF's `_compute_yarn_parameters`."""
 
@@ -11,7 +11,7 @@ import torch
 from attnfuse.dialects.attn import RopeOp
 
 from attnfuse.ir import parse_module
-from attnfuse.rope import inv_freq, op_inv_freq
+from attnfuse.rope_freqs import inv_freq, op_inv_freq
 
 
 def base_freqs(theta: float, dim: int) -> list[float]:

@@ -1,0 +1,68 @@
+"""RoPE frequencies: the meaning of `attn.rope`'s theta, rotary_dim and scaling.
+
+Shared by the reference executor and the generated kernels' host code: both need
+the same inv_freq vector (rotary_dim / 2 entries) and cos/sin magnitude factor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnfuse.dialects.attn import RopeOp
+
+
+def inv_freq(
+    theta: float, rotary_dim: int, scaling: str | None = None, **params: float
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq as float64 [rotary_dim // 2], magnitude factor applied to cos and sin)."""
+    r = rotary_dim
+    exponent = torch.arange(0, r, 2, dtype=torch.float64) / r
+    base = 1.0 / (theta**exponent)
+    if scaling is None:
+        return base, 1.0
+    factor = params["factor"]
+    if scaling == "linear":
+        return base / factor, 1.0
+    if scaling == "llama3":
+        old = params.get("original_max_position", 8192.0)
+        low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / base
+        scaled = torch.where(wavelen > low_wavelen, base / factor, base)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if scaling == "yarn":
+        old = params["original_max_position"]
+        beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
+
+        def correction_dim(rotations: float) -> float:
+            return (r * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        lo = max(math.floor(correction_dim(beta_fast)), 0)
+        hi = min(math.ceil(correction_dim(beta_slow)), r - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(r // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        freqs = (base / factor) * (1 - extrapolation) + base * extrapolation
+        attn_factor = params.get("attention_factor", 0.0) or (
+            0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        )
+        return freqs, attn_factor
+    raise ValueError(f"unknown rope scaling '{scaling}'")
+
+
+def op_inv_freq(op: RopeOp) -> tuple[torch.Tensor, float]:
+    """inv_freq and magnitude factor of an `attn.rope` op without an inv_freq operand."""
+    scaling = op.scaling
+    params = scaling.values if scaling is not None else {}
+    return inv_freq(
+        op.theta.value.data,
+        op.rotary_dim.value.data,
+        scaling.kind.data if scaling is not None else None,
+        **params,
+    )
