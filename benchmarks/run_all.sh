@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The whole GPU run in one device call: GPU tests, forward benchmark, tile sweep and
+# Rotation Calculus check, each under its own time limit, all inside TOTAL_S seconds.
+#
+# Usage, from the repository root on the GPU machine (after installing the wheels and
+# the project, see benchmarks/README.md):
+#
+#   bash benchmarks/run_all.sh [STEP ...]
+#
+# Steps, run in the order given (default: tests quick sweep):
+#   tests     pytest -m gpu python_tests: every GPU-marked test (test_gpu.py, test_variants.py...),
+#             8 xdist workers when xdist is installed
+#   quick     bench_forward.py --quick  (causal, rope_causal; N 1024, 4096, 16384)
+#   forward   bench_forward.py          (every variant and N; needs ~8 minutes alone)
+#   sweep     sweep_tiles.py            (tile sweep, then fused vs prerotate per N)
+#   tiles     sweep_tiles.py --part tiles
+#   rotation  sweep_tiles.py --part rotation
+#
+# Environment: OUT (required: where results go), TOTAL_S (default 540), RESULTS (the
+# working folder, default $OUT/results), EXTRA_FORWARD_ARGS / EXTRA_SWEEP_ARGS.
+# What comes back: $OUT/run_all.log, the markdown tables and the test log next to it,
+# and $OUT/results.tar.gz with everything (JSON included) — at most 8 files.
+set -x
+set -o pipefail
+export PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to the results folder}"
+TOTAL_S=${TOTAL_S:-540}
+RESULTS=${RESULTS:-$OUT/results}
+mkdir -p "$RESULTS"
+exec > >(tee -a "$OUT/run_all.log") 2>&1
+tee_pid=$!
+start=$(date +%s)
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests quick sweep)
+
+# Seconds a step may use: its cap, or what is left of TOTAL_S less 20 s for packing up.
+budget() {
+  local cap=$1 left
+  left=$(( TOTAL_S - ($(date +%s) - start) - 20 ))
+  [ "$left" -lt "$cap" ] && cap=$left
+  echo "$cap"
+}
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,power.limit --format=csv || true
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+
+status=0
+for step in "${steps[@]}"; do
+  echo "=== step $step, $(( $(date +%s) - start ))s elapsed ==="
+  case $step in
+    tests)
+      t=$(budget 170)
+      [ "$t" -lt 30 ] && { echo "no time left for $step"; continue; }
+      xdist=()
+      python3 -c 'import xdist' 2>/dev/null && xdist=(-n 8)
+      timeout -k 10 "$t" python3 -m pytest -m gpu python_tests -q -rfEs -p no:cacheprovider \
+        --continue-on-collection-errors "${xdist[@]}" 2>&1 | tee "$RESULTS/gpu_tests.log" || status=1
+      ;;
+    quick|forward)
+      if [ "$step" = quick ]; then cap=200; extra=(--quick); else cap=500; extra=(); fi
+      t=$(budget $cap)
+      [ "$t" -lt 60 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 benchmarks/bench_forward.py --out "$RESULTS/$step" --budget-s $(( t - 45 )) \
+        "${extra[@]}" ${EXTRA_FORWARD_ARGS:-} || status=1
+      ;;
+    sweep|tiles|rotation)
+      if [ "$step" = sweep ]; then part=tiles,rotation; cap=240; elif [ "$step" = tiles ]; then part=tiles; cap=240;
+      else part=rotation; cap=90; fi
+      t=$(budget $cap)
+      [ "$t" -lt 45 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 benchmarks/sweep_tiles.py --out "$RESULTS/$step" --part $part \
+        --budget-s $(( t - 30 )) ${EXTRA_SWEEP_ARGS:-} || status=1
+      ;;
+    *)
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation)"; status=2
+      ;;
+  esac
+done
+
+# Pack up: everything in one archive, the readable files beside it (8 files at most).
+tar -czf "$OUT/results.tar.gz" -C "$RESULTS" . || status=1
+n=2  # run_all.log and results.tar.gz
+for f in "$RESULTS"/gpu_tests.log "$RESULTS"/*/*.md; do
+  [ -f "$f" ] || continue
+  [ $n -ge 8 ] && break
+  dest="$OUT/$(basename "$(dirname "$f")")_$(basename "$f")"
+  [ "$(dirname "$f")" = "$RESULTS" ] && dest="$OUT/$(basename "$f")"
+  cp "$f" "$dest" && n=$((n + 1))
+done
+[ "$RESULTS" = "$OUT/results" ] && rm -rf "$RESULTS"
+echo "=== run_all done in $(( $(date +%s) - start ))s, status $status ==="
+exec 1>&- 2>&-
+wait $tee_pid
+exit $status

@@ -1,0 +1,229 @@
+"""Generated kernels on a CUDA GPU, compiled for its SM version, against the reference
+executor in float64 on the CPU (same inputs), in bf16 and fp16.
+
+- The bundled Llama-3 example (RoPE with llama3 scaling, causal, GQA 32/8, D=128) in
+  both rope-fusion modes, at N=1000 (not a multiple of any tile) and at decode (Nq=1).
+- Each variant family at a small shape: causal, sliding window, prefix-LM, softcap,
+  ALiBi, sinks, document mask, QK-norm+RoPE and partial interleaved RoPE (both modes),
+  Nq != Nk.
+
+(The named variants of `attnfuse.variants` have their GPU test in test_variants.py.)
+All tests are marked `gpu` and skipped without CUDA. On the GPU machine:
+
+    python -m pytest -m gpu python_tests -q      (or: python python_tests/test_gpu.py)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import attnfuse
+from attnfuse.compiler import compile_module
+from attnfuse.ir import parse_module
+from attnfuse.reference import run_reference_with_lse
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+EXAMPLE = Path(attnfuse.__file__).resolve().parent / "examples" / "llama3_rope_causal.mlir"
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# |out - ref| <= TOL (1 + |ref|): 16-bit inputs, Q (after its prologue) and P rounded to
+# the input type before the dots, fp32 accumulation; bf16 keeps 8 mantissa bits, fp16 11.
+TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+def device_sm() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+_LOADED: dict[str, ModuleType] = {}
+
+
+def load_kernel(source: str, folder: Path) -> ModuleType:
+    """Import generated source for CUDA (triton.jit reads the function's source file, so
+    the text is written to `folder` first; TRITON_INTERPRET is cleared for the import)."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if key not in _LOADED:
+        path = folder / f"attnfuse_gpu_{key}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "0"
+        try:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        finally:
+            if old is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+        _LOADED[key] = module
+    return _LOADED[key]
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """out (any device, 16-bit) against the float64 reference, elementwise."""
+    out = out.detach().double().cpu()
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values in the kernel's output"
+    tol = TOL[dtype]
+    err = ((out - ref).abs() - tol * ref.abs()).max().item()
+    assert err <= tol, f"{what}: max |out - ref| - tol |ref| = {err:.3e} > {tol:.0e}"
+
+
+def check_kernel(ir: str, args: list[torch.Tensor], folder: Path, **options) -> None:
+    """Compile `ir` for this GPU, run it on CUDA copies of `args` (CPU tensors) and compare
+    output and log-sum-exp with the reference executor run on `args` themselves."""
+    dtype = args[0].dtype
+    nk = args[1].shape[2]
+    compiled = compile_module(parse_module(ir), sm=device_sm(), seq_len=nk, **options)
+    kern = load_kernel(compiled.source, folder)
+    out, lse = kern.launch(*(a.cuda() for a in args))
+    torch.cuda.synchronize()
+    ref, ref_lse = run_reference_with_lse(ir, *args)
+    assert out.dtype == dtype
+    assert_matches(out, ref, dtype, f"output {options}")
+    # log-sum-exp: fp32 in the kernel, off by the scores' rounding only
+    finite = torch.isfinite(ref_lse)
+    lse = lse.double().cpu()
+    assert torch.equal(torch.isfinite(lse), finite), "lse: -inf rows differ from the reference"
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= TOL[dtype], f"lse: max error {lse_err:.3e}"
+
+
+def randn(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gpu_kernels")
+
+
+# ----------------------------------------------------------------------------- the example
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("rope_mode", ["fused", "prerotate"])
+@pytest.mark.parametrize("nq,nk", [(1000, 1000), (1, 1000)], ids=["prefill-1000", "decode-1"])
+def test_llama3_example(dtype_name: str, rope_mode: str, nq: int, nk: int, folder: Path) -> None:
+    dtype = DTYPES[dtype_name]
+    ir = EXAMPLE.read_text().replace("bf16", dtype_name)
+    q = randn(1, 32, nq, 128, dtype=dtype, seed=nq)
+    k = randn(1, 8, nk, 128, dtype=dtype, seed=nk + 1)
+    v = randn(1, 8, nk, 128, dtype=dtype, seed=nk + 2)
+    check_kernel(ir, [q, k, v], folder, rope_mode=rope_mode)
+
+
+# ----------------------------------------------------------------------------- variant families
+
+HQ, HKV, D, B = 4, 2, 64, 2
+
+
+def build_ir(e: str, q_ops: Sequence[str] = (), k_ops: Sequence[str] = (), score_ops: Sequence[str] = (),
+             softmax: str = "", extras: Sequence[str] = ()) -> str:
+    """attn IR of `f(q, k, v, *extras)` at B x HQ/HKV x D: pre-matmul ops with {x} for their
+    input, score ops with {s}; {E} is the element type, {Q}/{K}/{S} the q, k, scores types."""
+    qt, kt = f"tensor<?x{HQ}x?x{D}x{e}>", f"tensor<?x{HKV}x?x{D}x{e}>"
+    st, pt = f"!attn.scores<{HQ}>", f"!attn.probs<{HQ}>"
+
+    def fill(text: str, **subs: str) -> str:
+        for key, value in {"E": e, "Q": qt, "K": kt, "S": st, **subs}.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+    lines, names = [], {"q": "%q", "k": "%k"}
+    for side, ops, t in (("q", q_ops, qt), ("k", k_ops, kt)):
+        for i, op in enumerate(ops):
+            lines.append(f"%{side}{i} = {fill(op, x=names[side])} : {t}")
+            names[side] = f"%{side}{i}"
+    lines.append(f"%s = attn.qk {names['q']}, {names['k']} : {qt}, {kt} -> {st}")
+    s = "%s"
+    for i, op in enumerate(score_ops):
+        lines.append(f"%s{i} = {fill(op, s=s)} : {st}")
+        s = f"%s{i}"
+    lines.append(f"%p = attn.softmax {s} {fill(softmax)} : {st} -> {pt}")
+    lines.append(f"%o = attn.pv %p, %v : {pt}, {kt} -> {qt}")
+    sig = ", ".join([f"%q: {qt}", f"%k: {kt}", f"%v: {kt}", *(fill(x) for x in extras)])
+    body = "\n".join("  " + line for line in lines)
+    return f"func.func @f({sig}) -> {qt} {{\n{body}\n  func.return %o : {qt}\n}}\n"
+
+
+ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = 64"
+ROPE_PARTIAL = "attn.rope {x} interleaved theta = 10000.0 rotary_dim = 32"
+CAUSAL = "attn.mask {s} causal"
+
+
+def doc_ids(n: int) -> torch.Tensor:
+    """Document ids [B, n]: documents of uneven lengths, different per batch row."""
+    ids = torch.zeros(B, n, dtype=torch.int32)
+    for b, cuts in enumerate(([37, 120, 121, 260], [5, 190])):
+        for c in cuts:
+            ids[b, c:] += 1
+    return ids
+
+
+# name -> (pieces of build_ir, builder of the extra tensors (dtype, n) -> list, or None)
+FAMILIES = {
+    "causal": (dict(score_ops=[CAUSAL]), None),
+    "sliding_window": (dict(score_ops=["attn.mask {s} sliding_window(64)"]), None),
+    "prefix_lm": (dict(score_ops=["attn.mask {s} prefix_lm(50)"]), None),
+    "softcap": (dict(score_ops=["attn.softcap {s} cap = 30.0", CAUSAL]), None),
+    "alibi": (dict(score_ops=[f"attn.bias {{s}} alibi(%sl : tensor<{HQ}xf32>)", CAUSAL],
+                   extras=[f"%sl: tensor<{HQ}xf32>"]),
+              lambda dtype, n: [torch.tensor([0.5, 0.25, 0.125, 0.0625])]),
+    "sinks": (dict(score_ops=[CAUSAL], softmax=f"sink(%sk : tensor<{HQ}xf32>)", extras=[f"%sk: tensor<{HQ}xf32>"]),
+              lambda dtype, n: [torch.tensor([0.0, 1.5, -2.0, 4.0])]),
+    "document": (dict(score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi32>)"],
+                      extras=["%ids: tensor<?x?xi32>"]),
+                 lambda dtype, n: [doc_ids(n)]),
+    "qknorm_rope": (dict(q_ops=["attn.norm {x} eps = 1.0e-06 weight(%qw : tensor<64x{E}>)", ROPE],
+                         k_ops=["attn.norm {x} eps = 1.0e-06 weight(%kw : tensor<64x{E}>)", ROPE],
+                         score_ops=[CAUSAL], extras=["%qw: tensor<64x{E}>", "%kw: tensor<64x{E}>"]),
+                    lambda dtype, n: [(1 + 0.2 * randn(D, dtype=torch.float32, seed=s)).to(dtype) for s in (5, 6)]),
+    "rope_partial_interleaved": (dict(q_ops=[ROPE_PARTIAL], k_ops=[ROPE_PARTIAL], score_ops=[CAUSAL]), None),
+}
+ROPE_FAMILIES = {"qknorm_rope", "rope_partial_interleaved"}
+CASES = [(name, mode) for name in FAMILIES for mode in (("fused", "prerotate") if name in ROPE_FAMILIES else ("auto",))]
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("family,rope_mode", CASES, ids=[f"{n}-{m}" for n, m in CASES])
+def test_variant_family(family: str, rope_mode: str, dtype_name: str, folder: Path) -> None:
+    dtype = DTYPES[dtype_name]
+    pieces, make_extras = FAMILIES[family]
+    n = 300
+    ir = build_ir(dtype_name, **pieces)
+    q, k, v = (randn(*s, dtype=dtype, seed=i) for i, s in enumerate([(B, HQ, n, D), (B, HKV, n, D), (B, HKV, n, D)]))
+    extras = make_extras(dtype, n) if make_extras else []
+    check_kernel(ir, [q, k, v, *extras], folder, rope_mode=rope_mode)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("nq", [1, 17, 128])
+def test_fewer_queries_than_keys(nq: int, dtype_name: str, folder: Path) -> None:
+    """Queries are the last Nq of Nk=300 positions (decode and chunked prefill), with RoPE."""
+    dtype = DTYPES[dtype_name]
+    ir = build_ir(dtype_name, q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])
+    q = randn(B, HQ, nq, D, dtype=dtype, seed=1)
+    k, v = randn(B, HKV, 300, D, dtype=dtype, seed=2), randn(B, HKV, 300, D, dtype=dtype, seed=3)
+    check_kernel(ir, [q, k, v], folder)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-m", "gpu", *sys.argv[1:]]))
