@@ -217,7 +217,7 @@ class Runner:
         for mode in attnfuse_modes(variant):
             impl = "attnfuse" if mode == "auto" else f"attnfuse_{mode}"
             job = self.job(variant, shape, n, mode)
-            built = self.built.get(job) or C.build(job, warm_up=False)
+            built = self.built.get(job) or C.build(job)
             if built.source is None:
                 self.rows.append({**base, "impl": impl, "mode": mode, "computes": "full", "ok": False, "ms": None,
                                   "status": "ERROR", "error": built.error})

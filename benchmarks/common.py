@@ -455,7 +455,7 @@ class Built:
     source: str | None
     launch_params: dict | None
     error: str = ""
-    """'' when compile_module worked (and, in a worker, the kernels ran once)."""
+    """'' when compile_module worked and (where it was tried) the warm-up launch ran."""
 
 
 def _error_text(e: BaseException) -> str:
@@ -463,54 +463,74 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0][:500] if text else ''}"
 
 
-def build(job: KernelJob, warm_up: bool) -> Built:
-    """Compile `job`; with `warm_up`, also run its kernels once on small CUDA inputs
-    (N=256), which compiles them into Triton's on-disk cache. Kernels are specialised
-    on 16-divisibility of their integer arguments, not on N's value, so the timed runs
-    at any N that is a multiple of 16 then only load the binaries."""
+def build(job: KernelJob) -> Built:
+    """Compile `job` to Triton source (no Triton compilation yet)."""
     try:
         source, params = job.compile()
     except Exception as e:  # noqa: BLE001 - reported with the row
         return Built(None, None, f"compile_module: {_error_text(e)}")
-    if warm_up:
-        try:
-            module = load_source(source)
-            inputs = make_inputs(VARIANTS[job.variant], job.shape, 256, "cuda", seed=0)
-            module.launch(*inputs.args)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - the timed run meets it again and records it
-            return Built(source, params, f"warm-up launch: {_error_text(e)}")
     return Built(source, params)
 
 
+def warm_up(source: str, variant: str, shape: Shape) -> str:
+    """Run the source's kernels once on small CUDA inputs (N=256), which compiles them
+    into Triton's on-disk cache; '' or the error. Kernels are specialised on
+    16-divisibility of their integer arguments, not on N's value, so the timed runs at
+    any N that is a multiple of 16 then only load the binaries."""
+    try:
+        module = load_source(source)
+        inputs = make_inputs(VARIANTS[variant], shape, 256, "cuda", seed=0)
+        module.launch(*inputs.args)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001 - the timed run meets it again and records it
+        return f"warm-up launch: {_error_text(e)}"
+
+
 def build_all(jobs: Sequence[KernelJob], workers: int, timeout_s: float = 240.0) -> dict[KernelJob, Built]:
-    """Build every job: with CUDA, in `workers` spawned processes (compile_module and
-    Triton's compiler both run there, in parallel); whatever they do not finish within
-    `timeout_s`, or everything when there is no GPU or the pool breaks, is compiled in
-    this process (no warm-up: Triton then compiles at the first timed call)."""
+    """Build every job. With CUDA, in `workers` spawned processes and two rounds:
+    compile_module for every job, then one warm-up launch per distinct source (Triton's
+    compiler, the slow part, runs once per kernel and in parallel). Whatever the pool
+    does not finish within `timeout_s`, or everything when there is no GPU or the pool
+    breaks, is compiled in this process without warm-up (Triton then compiles at the
+    first timed call)."""
     import concurrent.futures as cf
+    import dataclasses
     import multiprocessing as mp
 
     unique = list(dict.fromkeys(jobs))
     built: dict[KernelJob, Built] = {}
     t0 = time.time()
+    warmed = 0
     if unique and workers > 0 and torch.cuda.is_available():
         ex = cf.ProcessPoolExecutor(max_workers=min(workers, len(unique)), mp_context=mp.get_context("spawn"))
         try:
-            futures = {ex.submit(build, j, True): j for j in unique}
+            futures = {ex.submit(build, j): j for j in unique}
             for f in cf.as_completed(futures, timeout=timeout_s):
                 built[futures[f]] = f.result()
+            first: dict[str, KernelJob] = {}
+            for j, b in built.items():
+                if b.source is not None:
+                    first.setdefault(b.source, j)
+            warm = {ex.submit(warm_up, src, j.variant, j.shape): src for src, j in first.items()}
+            errors: dict[str, str] = {}
+            for f in cf.as_completed(warm, timeout=max(1.0, timeout_s - (time.time() - t0))):
+                errors[warm[f]] = f.result()
+                warmed += 1
+            for j, b in built.items():
+                if errors.get(b.source or ""):
+                    built[j] = dataclasses.replace(b, error=errors[b.source])
         except Exception as e:  # noqa: BLE001 - a broken pool or a timeout only costs time
             log(f"build_all: pool stopped after {time.time() - t0:.0f}s ({_error_text(e)}); "
                 f"compiling the rest here")
         finally:
             ex.shutdown(wait=False, cancel_futures=True)
-    rest = [j for j in unique if j not in built]
-    for j in rest:
-        built[j] = build(j, warm_up=False)
+    for j in unique:
+        if j not in built:
+            built[j] = build(j)
     failed = sum(1 for b in built.values() if b.error)
-    log(f"build_all: {len(unique)} kernels in {time.time() - t0:.1f}s ({len(unique) - len(rest)} in "
-        f"{workers} workers), {failed} with errors")
+    log(f"build_all: {len(unique)} jobs, {len({b.source for b in built.values()} - {None})} distinct sources, "
+        f"{warmed} warmed up in {workers} workers, {time.time() - t0:.1f}s, {failed} with errors")
     return built
 
 
