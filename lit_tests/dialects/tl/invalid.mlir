@@ -1,0 +1,112 @@
+// RUN: ATTN_VERIFY
+
+// Each tl verifier rule, one chunk each: the diagnostic names the rule broken.
+
+// constexpr positions index the kernel's parameters (only the generic form can get this wrong).
+"tl.kernel"() <{sym_name = "k", constexprs = [#builtin.int<1>]}> ({
+^bb0(%a: i32):
+  "tl.return"() : () -> ()
+}) : () -> ()
+// CHECK: tl.kernel constexpr index 1 out of range
+
+// -----
+
+// A kernel body ends with tl.return.
+tl.kernel @no_return(%a: i32) {
+  %c = tl.constant 1 : i32 : i32
+}
+// CHECK: Operation tl.constant terminates block in single-block region but is not a terminator
+
+// -----
+
+// tl.return ends kernels only.
+tl.launcher "launch"(["x"]) {
+  tl.return
+}
+// CHECK: 'tl.return' expects parent op 'tl.kernel'
+
+// -----
+
+tl.kernel @bad_cmp(%a: i32) {
+  %c = tl.cmp "<>" %a, %a : i32, i32 -> i1
+  tl.return
+}
+// CHECK: tl.cmp predicate must be one of < <= == != > >=, got '<>'
+
+// -----
+
+tl.kernel @bad_axis(%n: i32) {
+  %r = tl.arange %n : i32 -> !tl.tile<i32>
+  %e = tl.expand_dims %r axis 2 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  tl.return
+}
+// CHECK: tl.expand_dims axis must be 0 or 1
+
+// -----
+
+tl.kernel @bad_reduce(%n: i32) {
+  %r = tl.arange %n : i32 -> !tl.tile<i32>
+  %e = tl.reduce "min" %r axis 0 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  tl.return
+}
+// CHECK: tl.reduce kind must be max or sum, got 'min'
+
+// -----
+
+// The body takes the induction variable and one argument per carried value.
+tl.kernel @for_args(%n: i32) {
+  %c0 = tl.constant 0 : i32 : i32
+  %r = "tl.for"(%c0, %n, %n, %c0) ({
+  ^bb0(%i: i32):
+    "tl.yield"(%i) : (i32) -> ()
+  }) : (i32, i32, i32, i32) -> i32
+  tl.return
+}
+// CHECK: tl.for body must take the induction variable and carried values
+
+// -----
+
+// ... and yields every carried value.
+tl.kernel @for_yield(%n: i32) {
+  %c0 = tl.constant 0 : i32 : i32
+  %r = tl.for %i = %c0 to %n step %n iter_args(%x = %c0) -> (i32) {
+    tl.yield
+  }
+  tl.return
+}
+// CHECK: tl.for body must end with tl.yield of every carried value
+
+// -----
+
+// tl.yield only ends a tl.for body.
+tl.launcher "launch"(["x"]) {
+  tl.yield
+}
+// CHECK: 'tl.yield' expects parent op 'tl.for'
+
+// -----
+
+// Host ops live in the launcher.
+tl.kernel @host_in_kernel(%n: i32) {
+  tl.alloc "out" shape ["4"] dtype "torch.float16" device "x.device"
+  tl.return
+}
+// CHECK: 'tl.alloc' expects parent op 'tl.launcher'
+
+// -----
+
+// tl.arange's end is an integer.
+tl.kernel @arange_float(%f: f32) {
+  %r = tl.arange %f : f32 -> !tl.tile<i32>
+  tl.return
+}
+// CHECK: f32 should be of base attribute integer_type
+
+// -----
+
+// tl.dot multiplies tiles.
+tl.kernel @dot_scalar(%f: f32) {
+  %d = tl.dot %f, %f : f32, f32 -> !tl.tile<f32>
+  tl.return
+}
+// CHECK: f32 should be of base attribute tl.tile

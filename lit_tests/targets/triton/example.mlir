@@ -1,0 +1,68 @@
+// The bundled example (Llama-3: RoPE with llama3 scaling, causal, GQA 32/8) through the
+// whole pipeline and the triton target: readable Python with the @triton.jit kernels,
+// the host launch() and the table of launch parameters. The output is valid Python.
+
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p 'attnfuse-pipeline{sm=0}' -t triton | filecheck %s
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p 'attnfuse-pipeline{sm=0 rope-mode=fused}' -t triton | filecheck %s --check-prefix=FUSED
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p 'attnfuse-pipeline{sm=0}' -t triton > %t.py
+// RUN: python -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" %t.py
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton > %t90.py
+// RUN: python -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" %t90.py
+// RUN: filecheck %s --check-prefix=SM90 --input-file %t90.py
+
+// CHECK:       import triton
+// CHECK-NEXT:  import triton.language as tl
+
+// At the default sequence length K is pre-rotated by its own kernel, launched first.
+// CHECK:       @triton.jit
+// CHECK-NEXT:  def rotate_k(k, {{.*}}, BLOCK_N: tl.constexpr, {{.*}}):
+// CHECK:           tl.store(
+
+// CHECK:       @triton.jit
+// CHECK-NEXT:  def attn_fwd(q, stride_q, stride_q_1, stride_q_2, stride_q_3, k_rot, {{.*}}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr{{.*}}):
+// CHECK-NEXT:      pid_m = tl.program_id(0)
+// CHECK-NEXT:      pid_bh = tl.program_id(1)
+// CHECK:           h_kv = h // 4
+// The three KV segments of the causal split, each with the two dots and base-2 softmax.
+// CHECK:           for start_n in range(
+// CHECK:               tl.dot(q_tile,
+// CHECK:               tl.exp2(
+// CHECK:               acc_new = tl.dot(p.to(tl.bfloat16), {{.*}}, acc_scaled)
+// CHECK:           for start_n_1 in range(
+// CHECK:               tl.dot(q_tile,
+// CHECK:               tl.exp2(
+// CHECK:           for start_n_2 in range(
+// CHECK:               tl.dot(q_tile,
+// CHECK:               tl.exp2(
+// CHECK:           tl.store(o_ptr, out, mask=
+// CHECK:           tl.store({{.*}}Lse{{.*}}, lse, mask=row_ok)
+
+// CHECK:       def launch(q, k, v):
+// CHECK:           out = torch.empty((q.shape[0], 32, q.shape[2], 128,), dtype=torch.bfloat16, device=q.device)
+// CHECK-NEXT:      lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
+// CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
+// CHECK:           rotate_k[(triton.cdiv(k.shape[2], 64), k.shape[0] * 8,)](
+// CHECK:           attn_fwd[(triton.cdiv(q.shape[2], 32), q.shape[0] * 32,)](
+// CHECK:               num_warps=4, num_stages=1,
+// CHECK:           return out, lse
+
+// CHECK:       LAUNCH_PARAMS = {
+// CHECK-NEXT:      'rotate_k': {'grid': ['triton.cdiv(k.shape[2], 64)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '64'}},
+// CHECK-NEXT:      'attn_fwd': {'grid': ['triton.cdiv(q.shape[2], 32)', 'q.shape[0] * 32'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
+// CHECK-NEXT:  }
+
+// Fused: one kernel, K rotated inside the loop.
+// FUSED-NOT:   def rotate_k
+// FUSED:       def attn_fwd(q, {{.*}}, k, {{.*}}):
+// FUSED:           for start_n in range(
+// FUSED:               k_cos = tl.load(
+// FUSED:               tl.dot(q_tile, k_tile)
+// FUSED:       def launch(q, k, v):
+// FUSED-NOT:       k_rot
+// FUSED:       LAUNCH_PARAMS = {
+// FUSED-NEXT:      'attn_fwd':
+
+// The sm90 launch parameters come from the tuning table.
+// SM90:        LAUNCH_PARAMS = {
+// SM90-NEXT:       'rotate_k': {{{.*}}},
+// SM90-NEXT:       'attn_fwd': {'grid': ['triton.cdiv(q.shape[2], {{[0-9]+}})', 'q.shape[0] * 32'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},
