@@ -36,13 +36,15 @@ class GpuModel:
     """Cost of one more kernel launch, seconds."""
 
 
-# sm90: fitted on the lent H200 on 2026-11-29 (benchmarks/results/h200/rope_smoke.md): with K
-# rotated in the KV loop, the kernel took 0.44 ms more than plain causal at B4/H12/N4096/D64
-# for 2.0e8 rotated K elements (4.5e11/s); pre-rotation cost 0.026 ms there, which one launch
-# plus one read and write of K at 4.3 TB/s predicts within 25%. sm80/sm86/sm89 are datasheet
+# sm90: fitted on the lent H200 on 2026-11-29 (benchmarks/results/h200/rope_smoke.md, NOTES.md):
+# rotating K in the KV loop cost 0.44 ms over plain causal at B4/H12/N4096/D64 (2.0e8 rotated K
+# elements, 4.5e11/s) and 0.053 ms at N=1024 (1.3e7 elements, 2.4e11/s); 2.5e11 keeps the small-N
+# choice right, where it matters. Pre-rotation cost 0.026 ms at N=4096, which one launch plus
+# one read and write of K at 4.3 TB/s predicts within 25%. The model is evaluated at batch 1
+# (batch is a runtime size), the case most favourable to fusing. sm80/sm86/sm89 are datasheet
 # estimates, not measured here.
 GPU_MODELS: dict[int, GpuModel] = {
-    90: GpuModel(rotate_rate=4.5e11, bandwidth=4.3e12, launch_s=8e-6),
+    90: GpuModel(rotate_rate=2.5e11, bandwidth=4.3e12, launch_s=8e-6),
     89: GpuModel(rotate_rate=0.8e12, bandwidth=0.9e12, launch_s=6e-6),
     86: GpuModel(rotate_rate=0.6e12, bandwidth=0.9e12, launch_s=6e-6),
     80: GpuModel(rotate_rate=1.0e12, bandwidth=1.9e12, launch_s=6e-6),
