@@ -1,0 +1,143 @@
+"""Helpers of the lowering tests: build attn IR text, compile it to Triton source, load
+the source under the Triton interpreter and compare it with the reference executor.
+
+Generated kernels run on CPU tensors with `TRITON_INTERPRET=1`; the reference runs in
+float64 on the same (rounded) inputs, so the difference is the kernel's own error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import triton.language  # noqa: F401  (first imported here, as TRITON_INTERPRET says, not inside load_module)
+
+from attnfuse.cache import interpreter_library, load_module
+from attnfuse.compiler import compile_module
+from attnfuse.ir import parse_module
+from attnfuse.reference import run_reference_with_lse
+
+MLIR_DTYPES = {torch.float16: "f16", torch.float32: "f32"}
+
+# Absolute tolerance of the output and of the log-sum-exp, per input dtype: fp16 rounds
+# Q (after its prologue) and P to 11 bits; fp32 dots run in IEEE fp32 under the interpreter.
+TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
+
+
+def variant(
+    *,
+    dtype: torch.dtype = torch.float16,
+    hq: int = 2,
+    hkv: int = 2,
+    d: int = 32,
+    dv: int | None = None,
+    q_ops: Sequence[str] = (),
+    k_ops: Sequence[str] = (),
+    qk: str = "",
+    score_ops: Sequence[str] = (),
+    softmax: str = "",
+    extras: Sequence[str] = (),
+) -> str:
+    """MLIR text of `func.func @f(%q, %k, %v, <extras>)`.
+
+    `q_ops`/`k_ops` are pre-matmul ops applied in order, written with `{x}` for their
+    input (`"attn.rope {x} half theta = 10000.0 rotary_dim = 32"`); `score_ops` are
+    score ops with `{s}` for their input; the result type (` : T`) is appended to
+    each. `qk` and `softmax` are extra text after their operands (`"scale = 0.5"`,
+    `"sink(%sink : tensor<2xf32>)"`). In every piece `{E}` is the element type, `{S}`
+    the scores type, `{QT}`/`{KT}` the q/k types."""
+    dv = d if dv is None else dv
+    e = MLIR_DTYPES[dtype]
+    qt, kt = f"tensor<?x{hq}x?x{d}x{e}>", f"tensor<?x{hkv}x?x{d}x{e}>"
+    vt, ot = f"tensor<?x{hkv}x?x{dv}x{e}>", f"tensor<?x{hq}x?x{dv}x{e}>"
+    st, pt = f"!attn.scores<{hq}>", f"!attn.probs<{hq}>"
+
+    def fill(text: str, **more: str) -> str:
+        for key, value in {"E": e, "S": st, "QT": qt, "KT": kt, **more}.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+    lines = []
+    q, k = "%q", "%k"
+    for prefix, ops, t in (("q", q_ops, qt), ("k", k_ops, kt)):
+        x = f"%{prefix}"
+        for i, op in enumerate(ops):
+            lines.append(f"  %{prefix}{i} = {fill(op, x=x)} : {t}")
+            x = f"%{prefix}{i}"
+        q, k = (x, k) if prefix == "q" else (q, x)
+    lines.append(f"  %s = attn.qk {q}, {k} {fill(qk)} : {qt}, {kt} -> {st}")
+    s = "%s"
+    for i, op in enumerate(score_ops):
+        lines.append(f"  %s{i} = {fill(op, s=s)} : {st}")
+        s = f"%s{i}"
+    lines.append(f"  %p = attn.softmax {s} {fill(softmax)} : {st} -> {pt}")
+    lines.append(f"  %o = attn.pv %p, %v : {pt}, {vt} -> {ot}")
+    sig = ", ".join([f"%q: {qt}", f"%k: {kt}", f"%v: {vt}", *(fill(x) for x in extras)])
+    body = "\n".join(lines)
+    return f"func.func @f({sig}) -> {ot} {{\n{body}\n  func.return %o : {ot}\n}}\n"
+
+
+def qkv(
+    *,
+    b: int = 1,
+    hq: int = 2,
+    hkv: int = 2,
+    nq: int = 40,
+    nk: int | None = None,
+    d: int = 32,
+    dv: int | None = None,
+    dtype: torch.dtype = torch.float16,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """Random q [b, hq, nq, d], k [b, hkv, nk, d], v [b, hkv, nk, dv] (nk defaults to nq)."""
+    g = torch.Generator().manual_seed(seed)
+    nk = nq if nk is None else nk
+    dv = d if dv is None else dv
+    return [
+        torch.randn(shape, generator=g).to(dtype)
+        for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))
+    ]
+
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+def load_source(source: str, folder: Path) -> ModuleType:
+    """Import generated source as a module of interpreted kernels. `triton.jit` reads
+    its function's source file, so the source is written to `folder` first; the
+    runtime's loader sets TRITON_INTERPRET=1 for the import only."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if key not in _MODULES:
+        path = folder / f"attnfuse_kernel_{key}.py"
+        path.write_text(source)
+        _MODULES[key] = load_module(path, interpret=True, name=f"attnfuse_lowering_test_{key}")
+    return _MODULES[key]
+
+
+def run_kernel(ir: str, args: Sequence[torch.Tensor], folder: Path, **options):
+    """Compile `ir` for the interpreter (sm 0) with the pipeline `options`, run its
+    `launch(*args)` under the interpreter and return (out, lse, compiled source)."""
+    compiled = compile_module(parse_module(ir), sm=0, **options)
+    module = load_source(compiled.source, folder)
+    with interpreter_library():  # Triton's own tl.max, tl.cdiv... interpreted too
+        out, lse = module.launch(*args)
+    return out, lse, compiled.source
+
+
+def check(ir: str, args: Sequence[torch.Tensor], folder: Path, *, atol: float | None = None,
+          **options) -> str:
+    """Run the generated kernel and the reference on `args`; assert that the outputs
+    and the log-sum-exps agree. Returns the generated source."""
+    out, lse, source = run_kernel(ir, args, folder, **options)
+    ref, ref_lse = run_reference_with_lse(ir, *args)
+    dtype = args[0].dtype
+    tol = TOLERANCE[dtype] if atol is None else atol
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert lse.shape == ref_lse.shape
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol)
+    # Rows with every score masked have lse -inf on both sides.
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=tol)
+    return source
