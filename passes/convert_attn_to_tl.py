@@ -457,7 +457,12 @@ class Lowering:
                                  kb.cmp("!=", kb.cmp("<", o[0], 0), kb.cmp("<", o[1], 0)))
                 res = kb.sub(q, kb.cast(adjust, i32))
             elif isinstance(inner, arith.CmpiOp):
-                res = kb.cmp(cmp_i[inner.predicate.value.data], o[0], o[1])
+                pred = inner.predicate.value.data
+                a, b = o[0], o[1]
+                if pred >= 6 and tl.scalar_of(a.type) != i1:
+                    # Unsigned order is signed order with the sign bit flipped (kernel ints are i32).
+                    a, b = (kb.binary(tl.XorOp, x, -(1 << 31)) for x in (a, b))
+                res = kb.cmp(cmp_i[pred], a, b)
             elif isinstance(inner, arith.CmpfOp):
                 pred = inner.predicate.value.data
                 if pred not in cmp_f:
@@ -465,11 +470,15 @@ class Lowering:
                 res = kb.cmp(cmp_f[pred], o[0], o[1])
             elif isinstance(inner, arith.SelectOp):
                 res = kb.where(o[0], o[1], o[2])
-            elif isinstance(inner, arith.SIToFPOp | arith.ExtFOp | arith.TruncFOp):
+            elif isinstance(inner, arith.SIToFPOp | arith.ExtSIOp) and tl.scalar_of(o[0].type) == i1:
+                # A signed i1 true is -1 (MLIR); Triton converts True to 1.
+                res = kb.sub(0, kb.cast(o[0], f32 if isinstance(inner, arith.SIToFPOp) else i32))
+            elif isinstance(inner, arith.SIToFPOp | arith.UIToFPOp | arith.ExtFOp | arith.TruncFOp):
                 res = kb.cast(o[0], f32)
+            elif isinstance(inner, arith.ExtUIOp):  # booleans in arithmetic: True -> 1
+                res = kb.cast(o[0], i32)
             elif isinstance(inner, arith.FPToSIOp | arith.ExtSIOp | arith.TruncIOp | arith.IndexCastOp):
-                res = kb.cast(o[0], i32) if not tl.scalar_of(o[0].type) == i1 or isinstance(
-                    inner, arith.ExtSIOp) else o[0]
+                res = kb.cast(o[0], i32) if tl.scalar_of(o[0].type) != i1 else o[0]
             elif isinstance(inner, math.TanhOp):
                 two_x = kb.mul(o[0], 2.0)
                 res = kb.sub(kb.mul(kb.unary(tl.SigmoidOp, two_x), 2.0), 1.0)
