@@ -244,7 +244,6 @@ MASKS = {
          "    %le = arith.cmpi sle, %ki, %qi : i32\n    attn.yield %le : i1\n  }"],
         70,
     ),
-    "divisions": ([DIVISIONS], 40),
 }
 
 
@@ -313,7 +312,99 @@ def test_mask_before_other_score_ops(kdir, after):
     check(variant(score_ops=[CAUSAL, after], extras=extras), args, kdir)
 
 
+def _mask_region(body: str, extra_args: str = "", extras: str = "") -> str:
+    head = "attn.mask {s} custom" + (f"({extras})" if extras else "")
+    return head + " {\n  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32" + extra_args + "):\n" + body + "\n  }"
+
+
+REGIONS = {
+    # Booleans in arithmetic are zero-extended (what the DSL emits for `(q >= k) * 2`).
+    "extui_bool": _mask_region(
+        "    %le = arith.cmpi sle, %ki, %qi : i32\n    %e = arith.extui %le : i1 to i32\n"
+        "    %z = arith.constant 0 : i32\n    %keep = arith.cmpi sgt, %e, %z : i32\n    attn.yield %keep : i1"
+    ),
+    # A signed i1 true is -1, as an integer and as a float.
+    "extsi_sitofp_bool": _mask_region(
+        "    %le = arith.cmpi sle, %ki, %qi : i32\n    %e = arith.extsi %le : i1 to i32\n"
+        "    %f = arith.sitofp %le : i1 to f32\n    %z = arith.constant 0 : i32\n    %zf = arith.constant 0.0 : f32\n"
+        "    %a = arith.cmpi slt, %e, %z : i32\n    %c = arith.cmpf olt, %f, %zf : f32\n"
+        "    %keep = arith.andi %a, %c : i1\n    attn.yield %keep : i1"
+    ),
+    # Unsigned compare: q_idx - kv_idx < 5 as unsigned keeps only 0 <= distance < 5.
+    "unsigned_compare": _mask_region(
+        "    %d = arith.subi %qi, %ki : i32\n    %c5 = arith.constant 5 : i32\n"
+        "    %keep = arith.cmpi ult, %d, %c5 : i32\n    attn.yield %keep : i1"
+    ),
+    # i64 arithmetic after sign extension; not written as xor with true.
+    "i64_and_not": _mask_region(
+        "    %q64 = arith.extsi %qi : i32 to i64\n    %k64 = arith.extsi %ki : i32 to i64\n"
+        "    %d = arith.subi %q64, %k64 : i64\n    %c = arith.constant 10 : i64\n"
+        "    %far = arith.cmpi sge, %d, %c : i64\n    %true = arith.constant true\n"
+        "    %near = arith.xori %far, %true : i1\n    %past = arith.cmpi sge, %d, %c0 : i64\n"
+        "    %keep = arith.andi %near, %past : i1\n    attn.yield %keep : i1"
+    ).replace("%c0 : i64", "%zero : i64").replace(
+        "    %d = arith.subi", "    %zero = arith.constant 0 : i64\n    %d = arith.subi"
+    ),
+    "divisions": DIVISIONS,
+}
+
+
+@pytest.mark.parametrize("name", list(REGIONS))
+def test_region_integer_semantics(kdir, name):
+    """Region integer ops follow MLIR's semantics in the kernel, as in the reference."""
+    check(variant(score_ops=[REGIONS[name]]), qkv(), kdir)
+
+
+def test_padding_mask_from_lengths(kdir):
+    """A key-padding mask: kv_idx < lengths[b], a scalar attn.extract indexed by the batch."""
+    mask = _mask_region(
+        "    %len = attn.extract %L[%b] : tensor<?xi32>\n    %keep = arith.cmpi slt, %ki, %len : i32\n"
+        "    attn.yield %keep : i1",
+        ", %L: tensor<?xi32>", "%lens : tensor<?xi32>",
+    )
+    ir = variant(score_ops=[mask], extras=["%lens: tensor<?xi32>"])
+    check(ir, qkv(b=3, nq=40) + [torch.tensor([40, 13, 1], dtype=torch.int32)], kdir)
+
+
 # ----------------------------------------------------------------------------- score mods
+
+
+# Leaky scores through cmpf/select and float math ops, times a per-head weight.
+FLOAT_SCORE_MOD = """attn.score_mod {s} (%w : tensor<2xf32>) {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32, %wt: tensor<2xf32>):
+    %z = arith.constant 0.0 : f32
+    %c = arith.constant 0.1 : f32
+    %pos = arith.cmpf ogt, %x, %z : f32
+    %y = arith.mulf %x, %c : f32
+    %r = arith.select %pos, %x, %y : f32
+    %e = math.exp %r : f32
+    %l = math.log %e : f32
+    %sq = math.sqrt %e : f32
+    %m = arith.maximumf %l, %sq : f32
+    %ng = arith.negf %m : f32
+    %p = math.powf %e, %c : f32
+    %sum = arith.addf %ng, %p : f32
+    %wh = attn.extract %wt[%h] : tensor<2xf32>
+    %out = arith.mulf %sum, %wh : f32
+    attn.yield %out : f32
+  }"""
+
+
+@pytest.mark.parametrize("dtype", [F16, F32], ids=["f16", "f32"])
+def test_float_score_mod(kdir, dtype):
+    ir = variant(dtype=dtype, score_ops=[FLOAT_SCORE_MOD, CAUSAL], extras=["%w: tensor<2xf32>"])
+    check(ir, qkv(dtype=dtype) + [torch.tensor([0.5, 2.0])], kdir)
+
+
+def test_f16_bias_table(kdir):
+    bias = """attn.bias {s} custom(%tb : tensor<2x?xf16>) {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %t: tensor<2x?xf16>):
+    %val = attn.extract %t[%h, %ki] : tensor<2x?xf16>
+    %vf = arith.extf %val : f16 to f32
+    attn.yield %vf : f32
+  }"""
+    ir = variant(score_ops=[bias, CAUSAL], extras=["%tb: tensor<2x?xf16>"])
+    check(ir, qkv() + [torch.randn(2, 40).half()], kdir)
 
 
 @pytest.mark.parametrize("dtype", [F16, F32], ids=["f16", "f32"])
