@@ -547,3 +547,23 @@ def test_lse_is_the_logsumexp_of_the_scores(kdir):
     q_pos = torch.arange(20, 50)[:, None]
     s = s.masked_fill(torch.arange(50)[None, :] > q_pos, float("-inf"))
     torch.testing.assert_close(lse.double(), torch.logsumexp(s, dim=-1), rtol=0, atol=1e-4)
+
+
+def test_mask_and_bias_tensors(kdir):
+    """flex-style extra tensors read per score: a boolean [Nq, Nk] mask (a strided view)
+    and a [B, H, Nq, Nk] bias broadcast over batch and heads (strides 0)."""
+    mask = """attn.mask {s} custom(%M : tensor<?x?xi1>) {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %m: tensor<?x?xi1>):
+    %keep = attn.extract %m[%qi, %ki] : tensor<?x?xi1>
+    attn.yield %keep : i1
+  }"""
+    bias = """attn.bias {s} custom(%B : tensor<?x?x?x?xf32>) {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %bb: tensor<?x?x?x?xf32>):
+    %val = attn.extract %bb[%b, %h, %qi, %ki] : tensor<?x?x?x?xf32>
+    attn.yield %val : f32
+  }"""
+    g = torch.Generator().manual_seed(4)
+    keep = torch.rand(40, 40, generator=g) < 0.7
+    ir = variant(score_ops=[bias, mask], extras=["%B: tensor<?x?x?x?xf32>", "%M: tensor<?x?xi1>"])
+    table = torch.randn(1, 1, 40, 40, generator=g).expand(2, 2, 40, 40)
+    check(ir, qkv(b=2) + [table, keep.t().contiguous().t()], kdir)
