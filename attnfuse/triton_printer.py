@@ -7,6 +7,7 @@ Every op must belong to the `tl` dialect; anything else is an error naming the o
 
 from __future__ import annotations
 
+import builtins
 import keyword
 import math
 import re
@@ -49,7 +50,7 @@ def _rope_table(key, inv_freq, length, magnitude, device):
 '''
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
-_RESERVED = set(keyword.kwlist) | {"tl", "triton", "torch", "range", "float", "int", "launch"}
+_RESERVED = set(keyword.kwlist) | set(dir(builtins)) | {"tl", "triton", "torch", "range", "float", "int", "launch"}
 
 
 def dtype_name(t: Attribute, prefix: str = "tl") -> str:
@@ -89,6 +90,7 @@ class TritonPrinter:
         self.names: dict[SSAValue, str] = {}
         self.used: set[str] = set()
         self.indent = 0
+        self.lines = 0
 
     # ------------------------------------------------------------------ naming
     def _fresh(self, hint: str | None) -> str:
@@ -136,6 +138,7 @@ class TritonPrinter:
 
     def line(self, text: str) -> None:
         self.out.write("    " * self.indent + text + "\n")
+        self.lines += 1
 
     # ------------------------------------------------------------------ module
     def print_module(self, module: ModuleOp) -> None:
@@ -268,6 +271,7 @@ class TritonPrinter:
         iv = self.name(block.args[0])
         self.line(f"for {iv} in range({self.expr(op.lb)}, {self.expr(op.ub)}, {self.expr(op.step)}):")
         self.indent += 1
+        printed = self.lines
         for inner in block.ops:
             if isinstance(inner, tl.YieldOp):
                 news = [self.expr(v) for v in inner.values]
@@ -275,6 +279,8 @@ class TritonPrinter:
                     self.line(f"{', '.join(carried)} = {', '.join(news)}")
             else:
                 self.print_op(inner)
+        if self.lines == printed:
+            self.line("pass")
         self.indent -= 1
 
     # ------------------------------------------------------------------ host

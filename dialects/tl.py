@@ -227,8 +227,6 @@ class ConstantOp(IRDLOperation):
     name = "tl.constant"
     value = prop_def(AnyAttr())
     result = result_def()
-    assembly_format = "$value attr-dict `:` type($result)"
-
     def __init__(self, value: int | float | bool, type: Attribute | None = None):
         if isinstance(value, bool):
             attr = IntegerAttr(int(value), i1)
@@ -237,6 +235,23 @@ class ConstantOp(IRDLOperation):
         else:
             attr = FloatAttr(float(value), type or f32)
         super().__init__(properties={"value": attr}, result_types=[attr.type])
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_attribute(self.value)
+        printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ConstantOp:
+        value = parser.parse_attribute()
+        if not isinstance(value, IntegerAttr | FloatAttr):
+            parser.raise_error("tl.constant needs a typed integer or float literal, e.g. `0 : i32`")
+        attrs = parser.parse_optional_attr_dict()
+        return cls.create(properties={"value": value}, attributes=attrs, result_types=[value.type])
+
+    def verify_(self) -> None:
+        if not isinstance(self.value, IntegerAttr | FloatAttr) or self.value.type != self.result.type:
+            raise VerifyException("tl.constant value must be a literal of the result type")
 
     @property
     def literal(self) -> int | float | bool:
@@ -308,6 +323,13 @@ class BinaryOp(IRDLOperation):
         super().__init__(
             operands=[lhs, rhs], result_types=[result_type or broadcast_type(lhs.type, rhs.type)]
         )
+
+    def verify_(self) -> None:
+        expected = broadcast_type(self.lhs.type, self.rhs.type)
+        if self.result.type != expected:
+            raise VerifyException(
+                f"{self.name} of {self.lhs.type} and {self.rhs.type} gives {expected}, not {self.result.type}"
+            )
 
 
 @irdl_op_definition
@@ -663,6 +685,13 @@ class LoadOp(IRDLOperation):
             operands=[ptr, [] if mask is None else [mask]], properties=props, result_types=[t]
         )
 
+    def verify_(self) -> None:
+        pointee = scalar_of(self.ptr.type)
+        if not isinstance(pointee, PointerType):
+            raise VerifyException(f"tl.load needs a pointer or a tile of pointers, got {self.ptr.type}")
+        if scalar_of(self.result.type) != pointee.pointee:
+            raise VerifyException(f"tl.load result must hold {pointee.pointee}, got {self.result.type}")
+
 
 @irdl_op_definition
 class StoreOp(IRDLOperation):
@@ -679,6 +708,15 @@ class StoreOp(IRDLOperation):
     def __init__(self, ptr: SSAValue | Operation, value: SSAValue | Operation,
                  mask: SSAValue | Operation | None = None):
         super().__init__(operands=[ptr, value, [] if mask is None else [mask]])
+
+    def verify_(self) -> None:
+        pointee = scalar_of(self.ptr.type)
+        if not isinstance(pointee, PointerType):
+            raise VerifyException(f"tl.store needs a pointer or a tile of pointers, got {self.ptr.type}")
+        if scalar_of(self.value.type) != pointee.pointee:
+            raise VerifyException(
+                f"tl.store value must hold {pointee.pointee} (the pointee), got {self.value.type}"
+            )
 
 
 @irdl_op_definition
@@ -747,6 +785,8 @@ class ForOp(IRDLOperation):
 
     def verify_(self) -> None:
         block = self.body.block
+        if any(x.type != i32 for x in (self.lb, self.ub, self.step)):
+            raise VerifyException("tl.for bounds and step must be i32")
         if len(block.args) != 1 + len(self.inits):
             raise VerifyException("tl.for body must take the induction variable and carried values")
         term = block.last_op
@@ -782,24 +822,26 @@ class ForOp(IRDLOperation):
     def parse(cls, parser: Parser) -> ForOp:
         iv = parser.parse_argument(expect_type=False)
         parser.parse_punctuation("=")
-        lb = parser.parse_operand()
+        lb = parser.resolve_operand(parser.parse_unresolved_operand(), i32)
         parser.parse_keyword("to")
-        ub = parser.parse_operand()
+        ub = parser.resolve_operand(parser.parse_unresolved_operand(), i32)
         parser.parse_keyword("step")
-        step = parser.parse_operand()
+        step = parser.resolve_operand(parser.parse_unresolved_operand(), i32)
         carried = []
+        unresolved = []
         inits = []
         if parser.parse_optional_keyword("iter_args") is not None:
             def parse_pair() -> None:
                 carried.append(parser.parse_argument(expect_type=False))
                 parser.parse_punctuation("=")
-                inits.append(parser.parse_operand())
+                unresolved.append(parser.parse_unresolved_operand())
 
             parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_pair)
             parser.parse_punctuation("->")
             types = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
             carried = [a.resolve(t) for a, t in zip(carried, types, strict=True)]
-        iv = iv.resolve(lb.type)
+            inits = [parser.resolve_operand(u, t) for u, t in zip(unresolved, types, strict=True)]
+        iv = iv.resolve(i32)
         attrs = parser.parse_optional_attr_dict_with_keyword()
         region = parser.parse_region([iv, *carried])
         op = cls.create(

@@ -13,7 +13,7 @@
 
 // A kernel body ends with tl.return.
 tl.kernel @no_return(%a: i32) {
-  %c = tl.constant 1 : i32 : i32
+  %c = tl.constant 1 : i32
 }
 // CHECK: Operation tl.constant terminates block in single-block region but is not a terminator
 
@@ -55,7 +55,7 @@ tl.kernel @bad_reduce(%n: i32) {
 
 // The body takes the induction variable and one argument per carried value.
 tl.kernel @for_args(%n: i32) {
-  %c0 = tl.constant 0 : i32 : i32
+  %c0 = tl.constant 0 : i32
   %r = "tl.for"(%c0, %n, %n, %c0) ({
   ^bb0(%i: i32):
     "tl.yield"(%i) : (i32) -> ()
@@ -68,7 +68,7 @@ tl.kernel @for_args(%n: i32) {
 
 // ... and yields every carried value.
 tl.kernel @for_yield(%n: i32) {
-  %c0 = tl.constant 0 : i32 : i32
+  %c0 = tl.constant 0 : i32
   %r = tl.for %i = %c0 to %n step %n iter_args(%x = %c0) -> (i32) {
     tl.yield
   }

@@ -7,9 +7,9 @@
 
 tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
   %pid = tl.program_id 0 : i64 : i32
-  %c2 = tl.constant 2 : i32 : i32
-  %half = tl.constant 5.000000e-01 : f32 : f32
-  %true = tl.constant true : i1
+  %c2 = tl.constant 2 : i32
+  %half = tl.constant 5.000000e-01 : f32
+  %true = tl.constant true
   %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
   %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
   %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
@@ -54,7 +54,7 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
   %rmax = tl.reduce "max" %div axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
   %rsum = tl.reduce "sum" %div axis 0 : i64 : !tl.tile<f32> -> !tl.tile<f32>
-  %c0 = tl.constant 0 : i32 : i32
+  %c0 = tl.constant 0 : i32
   %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
     %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
     %ib = tl.maximum %best_i, %rsum : !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>
@@ -79,9 +79,9 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
 // CHECK-NEXT:     %pid = tl.program_id 0 : i64 : i32
-// CHECK-NEXT:     %c2 = tl.constant 2 : i32 : i32
-// CHECK-NEXT:     %half = tl.constant 5.000000e-01 : f32 : f32
-// CHECK-NEXT:     %true = tl.constant true : i1
+// CHECK-NEXT:     %c2 = tl.constant 2 : i32
+// CHECK-NEXT:     %half = tl.constant 5.000000e-01 : f32
+// CHECK-NEXT:     %true = tl.constant true
 // CHECK-NEXT:     %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
 // CHECK-NEXT:     %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
 // CHECK-NEXT:     %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
@@ -126,7 +126,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
 // CHECK-NEXT:     %rmax = tl.reduce "max" %div axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
 // CHECK-NEXT:     %rsum = tl.reduce "sum" %div axis 0 : i64 : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %c0 = tl.constant 0 : i32 : i32
+// CHECK-NEXT:     %c0 = tl.constant 0 : i32
 // CHECK-NEXT:     %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
 // CHECK-NEXT:       %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
 // CHECK-NEXT:       %ib = tl.maximum %best_i, %rsum : !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>

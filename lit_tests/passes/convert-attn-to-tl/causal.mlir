@@ -21,10 +21,10 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // One program per (Q tile, batch x head); query head h reads kv head h // 2.
 // CHECK-NEXT:      %pid_m = tl.program_id 0 : i64 : i32
 // CHECK-NEXT:      %pid_bh = tl.program_id 1 : i64 : i32
-// CHECK-NEXT:      %[[HQ:.*]] = tl.constant 4 : i32 : i32
+// CHECK-NEXT:      %[[HQ:.*]] = tl.constant 4 : i32
 // CHECK-NEXT:      %b = tl.floordiv %pid_bh, %[[HQ]]
 // CHECK:           %h = tl.rem %pid_bh,
-// CHECK-NEXT:      %[[GROUP:.*]] = tl.constant 2 : i32 : i32
+// CHECK-NEXT:      %[[GROUP:.*]] = tl.constant 2 : i32
 // CHECK-NEXT:      %h_kv = tl.floordiv %h, %[[GROUP]]
 // Queries are the last NQ positions.
 // CHECK:           %row_ok = tl.cmp "<" %offs_m, %NQ

@@ -7,8 +7,8 @@
 
 tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
   %pid = tl.program_id 0 : i64 : i32
-  %c2 = tl.constant 2 : i32 : i32
-  %half = tl.constant 5.000000e-01 : f32 : f32
+  %c2 = tl.constant 2 : i32
+  %half = tl.constant 5.000000e-01 : f32
   %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
   %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
   %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
@@ -29,7 +29,7 @@ tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
   %w = tl.where %mask, %d, %neg_inf : !tl.tile<i1>, !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>
   %m = tl.reduce "max" %w axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
   %e = tl.exp2 %m : !tl.tile<f32> -> !tl.tile<f32>
-  %c0 = tl.constant 0 : i32 : i32
+  %c0 = tl.constant 0 : i32
   %acc = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros) -> (!tl.tile<f32>) {
     %next = tl.mul %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
     tl.yield %next : !tl.tile<f32>
@@ -59,8 +59,8 @@ tl.launcher "launch"(["x"]) {
 // CHECK:           tl.exp2(
 // CHECK:           acc_i = zeros
 // CHECK-NEXT:      for i in range(0, n, BLOCK):
-// CHECK-NEXT:          next = acc_i * 0.5
-// CHECK-NEXT:          acc_i = next
+// CHECK-NEXT:          next_ = acc_i * 0.5
+// CHECK-NEXT:          acc_i = next_
 // CHECK-NEXT:      h = acc_i.to(tl.float16)
 // CHECK-NEXT:      tl.store(ptrs, h, mask=mask)
 // CHECK:       def launch(x):
