@@ -224,6 +224,8 @@ class TritonPrinter:
                 return f"{op.FUNCTION}({e(op.input)})"
             case tl.ProgramIdOp():
                 return f"tl.program_id({op.axis.value.data})"
+            case tl.NumProgramsOp():
+                return f"tl.num_programs({op.axis.value.data})"
             case tl.ArangeOp():
                 return f"tl.arange(0, {e(op.end)})"
             case tl.FullOp():

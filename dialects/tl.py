@@ -276,6 +276,19 @@ class ProgramIdOp(IRDLOperation):
 
 
 @irdl_op_definition
+class NumProgramsOp(IRDLOperation):
+    """`tl.num_programs(axis)`: the grid's size along `axis`."""
+
+    name = "tl.num_programs"
+    axis = prop_def(IntegerAttr)
+    result = result_def(i32)
+    assembly_format = "$axis attr-dict `:` type($result)"
+
+    def __init__(self, axis: int):
+        super().__init__(properties={"axis": IntegerAttr(axis, i64)}, result_types=[i32])
+
+
+@irdl_op_definition
 class ArangeOp(IRDLOperation):
     """`tl.arange(0, end)` with a constexpr `end`."""
 
@@ -992,7 +1005,7 @@ BINARY_OPS = (AddOp, SubOp, MulOp, TrueDivOp, FloorDivOp, RemOp, AndOp, OrOp, Xo
 TL = Dialect(
     "tl",
     [
-        KernelOp, ReturnOp, ConstantOp, ProgramIdOp, ArangeOp, FullOp, *BINARY_OPS, CmpOp,
+        KernelOp, ReturnOp, ConstantOp, ProgramIdOp, NumProgramsOp, ArangeOp, FullOp, *BINARY_OPS, CmpOp,
         *UNARY_OPS, CastOp, ExpandDimsOp, ReduceOp, WhereOp, LoadOp, StoreOp, DotOp, TransOp,
         ForOp, YieldOp, LauncherOp, AllocOp, RopeTableOp, CallOp, HostReturnOp,
     ],

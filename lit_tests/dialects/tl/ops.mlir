@@ -7,6 +7,7 @@
 
 tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
   %pid = tl.program_id 0 : i64 : i32
+  %nprog = tl.num_programs 1 : i64 : i32
   %c2 = tl.constant 2 : i32
   %half = tl.constant 5.000000e-01 : f32
   %true = tl.constant true
@@ -79,6 +80,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK:      builtin.module {
 // CHECK-NEXT:   tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
 // CHECK-NEXT:     %pid = tl.program_id 0 : i64 : i32
+// CHECK-NEXT:     %nprog = tl.num_programs 1 : i64 : i32
 // CHECK-NEXT:     %c2 = tl.constant 2 : i32
 // CHECK-NEXT:     %half = tl.constant 5.000000e-01 : f32
 // CHECK-NEXT:     %true = tl.constant true
@@ -153,6 +155,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC:      "tl.kernel"() <{sym_name = "all_ops", constexprs = [#builtin.int<3>]}> ({
 // CHECK-GENERIC-NEXT: ^bb0(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32):
 // CHECK-GENERIC-NEXT:   %pid = "tl.program_id"() <{axis = 0 : i64}> : () -> i32
+// CHECK-GENERIC-NEXT:   %nprog = "tl.num_programs"() <{axis = 1 : i64}> : () -> i32
 // CHECK-GENERIC:        %lt = "tl.cmp"(%min, %n) <{predicate = "<"}> : (!tl.tile<i32>, i32) -> !tl.tile<i1>
 // CHECK-GENERIC:        %b = "tl.load"(%ptrs, %m2) <{other = 0.000000e+00 : f16}> : (!tl.tile<!tl.ptr<f16>>, !tl.tile<i1>) -> !tl.tile<f16>
 // CHECK-GENERIC:        %acc, %best = "tl.for"(%c0, %n, %BLOCK, %zeros, %rmax) ({

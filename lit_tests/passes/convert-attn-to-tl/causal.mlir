@@ -19,8 +19,12 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK:         tl.kernel @attn_fwd(%q: !tl.ptr<f16>, %stride_q: i32, %stride_q_1: i32, %stride_q_2: i32, %stride_q_3: i32, %k: !tl.ptr<f16>, %stride_k: i32, %stride_k_1: i32, %stride_k_2: i32, %stride_k_3: i32, %v: !tl.ptr<f16>, %stride_v: i32, %stride_v_1: i32, %stride_v_2: i32, %stride_v_3: i32, %Out: !tl.ptr<f16>, %stride_o: i32, %stride_o_1: i32, %stride_o_2: i32, %stride_o_3: i32, %Lse: !tl.ptr<f32>, %NQ: i32, %NK: i32, %BLOCK_M: i32 constexpr, %BLOCK_N: i32 constexpr) {
 
 // One program per (Q tile, batch x head); query head h reads kv head h // 2.
-// CHECK-NEXT:      %pid_m = tl.program_id 0 : i64 : i32
-// CHECK-NEXT:      %pid_bh = tl.program_id 1 : i64 : i32
+// CHECK-NEXT:      %pid_bh = tl.program_id 0 : i64 : i32
+// CHECK-NEXT:      %num_q_blocks = tl.num_programs 1 : i64 : i32
+// CHECK-NEXT:      %[[ONE:.*]] = tl.constant 1 : i32
+// CHECK-NEXT:      %[[LAST:.*]] = tl.sub %num_q_blocks, %[[ONE]]
+// CHECK-NEXT:      %q_block = tl.program_id 1 : i64 : i32
+// CHECK-NEXT:      %pid_m = tl.sub %[[LAST]], %q_block
 // CHECK-NEXT:      %[[HQ:.*]] = tl.constant 4 : i32
 // CHECK-NEXT:      %b = tl.floordiv %pid_bh, %[[HQ]]
 // CHECK:           %h = tl.rem %pid_bh,
@@ -43,47 +47,45 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:      %l_i = tl.full %BLOCK_M value = 0.000000e+00 : f32 : i32 -> !tl.tile<f32>
 // CHECK:           %acc = tl.full %BLOCK_M, %{{.*}} value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
 
-// The three segments, in order, threading m_i, l_i and acc.
-// CHECK:           %[[M1:.*]], %[[L1:.*]], %[[A1:.*]] = tl.for %start_n = %[[ZERO:.*]] to %[[ZERO]] step %BLOCK_N iter_args(%{{.*}} = %m_i, %{{.*}} = %l_i, %{{.*}} = %acc)
-// CHECK:             %kv_ok = tl.cmp "<" %offs_n, %NK
-// CHECK:             %causal = tl.cmp "<="
-// CHECK:             %s_masked = tl.where %causal,
-// CHECK:             tl.yield
-// CHECK-NEXT:      }
-
-// Full blocks: no bounds mask on the loads, no mask code.
-// CHECK-NEXT:      %[[M2:.*]], %[[L2:.*]], %[[A2:.*]] = tl.for %start_n_1 = %[[ZERO]] to %full_hi step %BLOCK_N iter_args(%{{.*}} = %[[M1]], %{{.*}} = %[[L1]], %{{.*}} = %[[A1]])
+// The segments, in order, threading m_i, l_i and acc. Blocks below the diagonal come
+// first and are full: no bounds mask on the loads, no mask code. (The masked segment
+// before them is statically empty for causal and is not emitted.)
+// CHECK:           %[[M1:.*]], %[[L1:.*]], %[[A1:.*]] = tl.for %start_n = %{{.*}} to %full_hi step %BLOCK_N iter_args(%{{.*}} = %m_i, %{{.*}} = %l_i, %{{.*}} = %acc)
 // CHECK-NOT:         mask
-// CHECK:             %[[KF:.*]] = tl.load %k_ptr_1 : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-// CHECK-NEXT:        %s_1 = tl.dot %q_tile, %[[KF]] : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
+// CHECK:             %[[KF:.*]] = tl.load %k_ptr : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
+// CHECK-NEXT:        %s = tl.dot %q_tile, %[[KF]] : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NOT:         mask
 // Base-2 online softmax: exp2 of scores already in log2 units.
-// CHECK:             %p_1 = tl.exp2
-// CHECK:             %alpha_1 = tl.exp2
+// CHECK:             %p = tl.exp2
+// CHECK:             %alpha = tl.exp2
 // CHECK-NOT:         mask
-// CHECK:             %[[VF:.*]] = tl.load %v_ptr_1 : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-// CHECK-NEXT:        %[[PF:.*]] = tl.cast %p_1 : !tl.tile<f32> -> !tl.tile<f16>
-// CHECK-NEXT:        %acc_new_1 = tl.dot %[[PF]], %[[VF]] acc %acc_scaled_1
+// CHECK:             %[[VF:.*]] = tl.load %v_ptr : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
+// CHECK-NEXT:        %[[PF:.*]] = tl.cast %p : !tl.tile<f32> -> !tl.tile<f16>
+// CHECK-NEXT:        %acc_new = tl.dot %[[PF]], %[[VF]] acc %acc_scaled
 // CHECK-NEXT:        tl.yield
 // CHECK-NEXT:      }
 
-// CHECK-NEXT:      %[[M3:.*]], %[[L3:.*]], %[[A3:.*]] = tl.for %start_n_2 = %full_hi to %kv_hi step %BLOCK_N iter_args(%{{.*}} = %[[M2]], %{{.*}} = %[[L2]], %{{.*}} = %[[A2]])
-// CHECK:             %kv_ok_1 = tl.cmp "<" %offs_n_2, %NK
-// CHECK:             %causal_1 = tl.cmp "<="
+// The diagonal blocks: bounds and causal masks.
+// CHECK-NEXT:      %[[M2:.*]], %[[L2:.*]], %[[A2:.*]] = tl.for %start_n_1 = %full_hi to %kv_hi step %BLOCK_N iter_args(%{{.*}} = %[[M1]], %{{.*}} = %[[L1]], %{{.*}} = %[[A1]])
+// CHECK:             %kv_ok = tl.cmp "<" %offs_n_1, %NK
+// CHECK:             %causal = tl.cmp "<="
+// CHECK:             %s_masked = tl.where %causal,
 // CHECK:             tl.yield
 // CHECK-NEXT:      }
 // CHECK-NOT:       tl.for
 
 // Epilogue: a row with nothing kept has l = 0 and gives 0 (acc / 1), then the store
-// and the natural-log log-sum-exp (m + log2 l) * ln 2.
-// CHECK:           %l_safe = tl.where %{{.*}}, %{{.*}}, %[[L3]]
-// CHECK:           %[[O:.*]] = tl.truediv %[[A3]],
+// and the natural-log log-sum-exp (m + log2 l) * ln 2, -inf for an empty row.
+// CHECK:           %empty_row = tl.cmp "==" %[[L2]],
+// CHECK:           %l_safe = tl.where %empty_row, %{{.*}}, %[[L2]]
+// CHECK:           %[[O:.*]] = tl.truediv %[[A2]],
 // CHECK-NEXT:      %out = tl.cast %[[O]] : !tl.tile<f32> -> !tl.tile<f16>
 // CHECK:           tl.store %out, %o_ptr mask
-// CHECK:           %[[LOG:.*]] = tl.log2 %[[L3]]
-// CHECK-NEXT:      %[[SUM:.*]] = tl.add %[[M3]], %[[LOG]]
+// CHECK:           %[[LOG:.*]] = tl.log2 %l_safe
+// CHECK-NEXT:      %[[SUM:.*]] = tl.add %[[M2]], %[[LOG]]
 // CHECK-NEXT:      %[[LN2:.*]] = tl.constant 0.693147182 : f32
-// CHECK-NEXT:      %lse = tl.mul %[[SUM]], %[[LN2]]
+// CHECK-NEXT:      %[[NAT:.*]] = tl.mul %[[SUM]], %[[LN2]]
+// CHECK:           %lse = tl.where %empty_row, %{{.*}}, %[[NAT]]
 // CHECK:           tl.store %lse, %{{.*}} mask %row_ok
 // CHECK-NEXT:      tl.return
 // CHECK-NEXT:    }
@@ -92,7 +94,7 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:    tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK-NEXT:      tl.alloc "out" shape ["q.shape[0]", "4", "q.shape[2]", "16"] dtype "torch.float16" device "q.device"
 // CHECK-NEXT:      tl.alloc "lse" shape ["q.shape[0]", "4", "q.shape[2]"] dtype "torch.float32" device "q.device"
-// CHECK-NEXT:      tl.call "attn_fwd" grid ["triton.cdiv(q.shape[2], 32)", "q.shape[0] * 4"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 : i64 num_stages 1 : i64
+// CHECK-NEXT:      tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 : i64 num_stages 1 : i64
 // CHECK-NEXT:      tl.host_return ["out", "lse"]
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }

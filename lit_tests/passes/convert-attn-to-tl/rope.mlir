@@ -29,9 +29,7 @@ func.func @rope(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?
 // FUSED:             tl.for %start_n_1 =
 // FUSED:               %k_cos_1 = tl.load
 // FUSED:               %s_1 = tl.dot %q_tile, %k_tile_1
-// FUSED:             tl.for %start_n_2 =
-// FUSED:               %k_cos_2 = tl.load
-// FUSED:               %s_2 = tl.dot %q_tile, %k_tile_2
+// FUSED-NOT:         tl.for %start_n_2 =
 // FUSED:           tl.launcher "launch"(["q", "k", "v"]) {
 // FUSED-NOT:         k_rot
 // FUSED:             tl.rope_table "rope_0_cos", "rope_0_sin" inv_freq [1.000000e+00 : f32, 0.316227764 : f32, 1.000000e-01 : f32, 0.0316227749 : f32, 1.000000e-02 : f32, 0.00316227763 : f32, 1.000000e-03 : f32, 0.000316227757 : f32] length "max(q.shape[2], k.shape[2])" magnitude 1.000000e+00 : f32 device "q.device"

@@ -20,10 +20,14 @@
 
 // CHECK:       @triton.jit
 // CHECK-NEXT:  def attn_fwd(q, stride_q, stride_q_1, stride_q_2, stride_q_3, k_rot, {{.*}}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr{{.*}}):
-// CHECK-NEXT:      pid_m = tl.program_id(0)
-// CHECK-NEXT:      pid_bh = tl.program_id(1)
+// The grid is (batch x heads, Q blocks); Q blocks run from the last (heaviest) one.
+// CHECK-NEXT:      pid_bh = tl.program_id(0)
+// CHECK-NEXT:      num_q_blocks = tl.num_programs(1)
+// CHECK-NEXT:      q_block = tl.program_id(1)
+// CHECK-NEXT:      pid_m = (num_q_blocks - 1) - q_block
 // CHECK:           h_kv = h // 4
-// The three KV segments of the causal split, each with the two dots and base-2 softmax.
+// The KV segments of the causal split (full blocks, then the masked diagonal), each with
+// the dots and the base-2 softmax.
 // CHECK:           for start_n in range(
 // CHECK:               tl.dot(q_tile,
 // CHECK:               tl.exp2(
@@ -31,9 +35,7 @@
 // CHECK:           for start_n_1 in range(
 // CHECK:               tl.dot(q_tile,
 // CHECK:               tl.exp2(
-// CHECK:           for start_n_2 in range(
-// CHECK:               tl.dot(q_tile,
-// CHECK:               tl.exp2(
+// CHECK-NOT:       for start_n_2 in range(
 // CHECK:           tl.store(o_ptr, out, mask=
 // CHECK:           tl.store({{.*}}Lse{{.*}}, lse, mask=row_ok)
 
@@ -42,13 +44,13 @@
 // CHECK-NEXT:      lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
 // CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
 // CHECK:           rotate_k[(triton.cdiv(k.shape[2], 64), k.shape[0] * 8,)](
-// CHECK:           attn_fwd[(triton.cdiv(q.shape[2], 32), q.shape[0] * 32,)](
+// CHECK:           attn_fwd[(q.shape[0] * 32, triton.cdiv(q.shape[2], 32),)](
 // CHECK:               num_warps=4, num_stages=1,
 // CHECK:           return out, lse
 
 // CHECK:       LAUNCH_PARAMS = {
 // CHECK-NEXT:      'rotate_k': {'grid': ['triton.cdiv(k.shape[2], 64)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '64'}},
-// CHECK-NEXT:      'attn_fwd': {'grid': ['triton.cdiv(q.shape[2], 32)', 'q.shape[0] * 32'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
+// CHECK-NEXT:      'attn_fwd': {'grid': ['q.shape[0] * 32', 'triton.cdiv(q.shape[2], 32)'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
 // CHECK-NEXT:  }
 
 // Fused: one kernel, K rotated inside the loop.
@@ -65,4 +67,4 @@
 // The sm90 launch parameters come from the tuning table.
 // SM90:        LAUNCH_PARAMS = {
 // SM90-NEXT:       'rotate_k': {{{.*}}},
-// SM90-NEXT:       'attn_fwd': {'grid': ['triton.cdiv(q.shape[2], {{[0-9]+}})', 'q.shape[0] * 32'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},
+// SM90-NEXT:       'attn_fwd': {'grid': ['q.shape[0] * 32', 'triton.cdiv(q.shape[2], {{[0-9]+}})'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},

@@ -7,6 +7,7 @@
 
 tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
   %pid = tl.program_id 0 : i64 : i32
+  %nprog = tl.num_programs 1 : i64 : i32
   %c2 = tl.constant 2 : i32
   %half = tl.constant 5.000000e-01 : f32
   %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
@@ -47,6 +48,7 @@ tl.launcher "launch"(["x"]) {
 // CHECK:       @triton.jit
 // CHECK-NEXT:  def ops(x, n, BLOCK: tl.constexpr):
 // CHECK-NEXT:      pid = tl.program_id(0)
+// CHECK-NEXT:      nprog = tl.num_programs(1)
 // CHECK-NEXT:      r = tl.arange(0, BLOCK)
 // CHECK-NEXT:      zeros = tl.full([BLOCK, BLOCK], 0.0, tl.float32)
 // CHECK-NEXT:      neg_inf = tl.full([BLOCK], float("-inf"), tl.float32)
