@@ -40,6 +40,7 @@ if "--cpu-smoke" in sys.argv:
 
 import common as C  # noqa: E402
 import torch  # noqa: E402
+
 from attnfuse.passes import rope_fusion, tiling  # noqa: E402
 
 

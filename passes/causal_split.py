@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnfuse.dialects import attn
 from xdsl.context import Context
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
@@ -20,6 +19,7 @@ from xdsl.ir import BlockArgument, SSAValue
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis import analyse, variant_funcs
+from attnfuse.dialects import attn
 
 
 def _is_causal_region(mask: attn.MaskOp) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from attnfuse.dialects import attn, tl
 from xdsl.context import Context
 from xdsl.dialects import arith, func, math
 from xdsl.dialects.builtin import (
@@ -34,6 +33,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.analysis import Variant, analyse, variant_funcs
+from attnfuse.dialects import attn, tl
 from attnfuse.rope_freqs import op_inv_freq
 from attnfuse.triton_printer import dtype_name
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attnfuse.dialects import attn
 from xdsl.context import Context
 from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis import analyse, target_option, variant_funcs
+from attnfuse.dialects import attn
 
 LOG2E = 1.4426950408889634
 MODES = ("auto", "fused", "prerotate")

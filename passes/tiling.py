@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnfuse.dialects import attn
 from xdsl.context import Context
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
 from attnfuse.analysis import Variant, analyse, target_option, variant_funcs
+from attnfuse.dialects import attn
 
 # (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`

@@ -15,7 +15,6 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from attnfuse.dialects.attn import Attn, NormOp, RopeOp, ScaleOp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from xdsl.context import Context
@@ -25,6 +24,7 @@ from xdsl.dialects.func import Func
 from xdsl.dialects.math import Math
 from xdsl.parser import Parser
 
+from attnfuse.dialects.attn import Attn, NormOp, RopeOp, ScaleOp
 from attnfuse.tools.opt import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from attnfuse.dialects.attn import RopeOp
 
+from attnfuse.dialects.attn import RopeOp
 from attnfuse.ir import parse_module
 from attnfuse.rope_freqs import inv_freq, op_inv_freq
 
