@@ -67,52 +67,42 @@ from xdsl.utils.exceptions import VerifyException
 # --------------------------------------------------------------------------- types
 
 
+class _HeadsType(ParametrizedAttribute, TypeAttribute):
+    """Base of the score and probability types, parametrised by their number of heads."""
+
+    heads: IntAttr
+
+    def __init__(self, heads: int | IntAttr):
+        super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
+
+    def verify(self) -> None:
+        if self.heads.data < 1:
+            raise VerifyException(f"!{self.name} needs at least one head, got {self.heads.data}")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(str(self.heads.data))
+
+
 @irdl_attr_definition
-class ScoresType(ParametrizedAttribute, TypeAttribute):
+class ScoresType(_HeadsType):
     """The score matrix `[B, heads, Nq, Nk]` of one attention: never materialised."""
 
     name = "attn.scores"
     heads: IntAttr
 
-    def __init__(self, heads: int | IntAttr):
-        super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
-
-    def verify(self) -> None:
-        if self.heads.data < 1:
-            raise VerifyException(f"!attn.scores needs at least one head, got {self.heads.data}")
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        with parser.in_angle_brackets():
-            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_string(str(self.heads.data))
-
 
 @irdl_attr_definition
-class ProbsType(ParametrizedAttribute, TypeAttribute):
+class ProbsType(_HeadsType):
     """Row-normalised attention probabilities `[B, heads, Nq, Nk]` (softmax output)."""
 
     name = "attn.probs"
     heads: IntAttr
-
-    def __init__(self, heads: int | IntAttr):
-        super().__init__(IntAttr(heads) if isinstance(heads, int) else heads)
-
-    def verify(self) -> None:
-        if self.heads.data < 1:
-            raise VerifyException(f"!attn.probs needs at least one head, got {self.heads.data}")
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        with parser.in_angle_brackets():
-            return (IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_string(str(self.heads.data))
 
 
 # RoPE scaling schemes: each changes only inv_freq and a magnitude factor on cos/sin.

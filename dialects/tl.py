@@ -262,11 +262,9 @@ class ConstantOp(IRDLOperation):
         return v.value.data
 
 
-@irdl_op_definition
-class ProgramIdOp(IRDLOperation):
-    """`tl.program_id(axis)`."""
+class _AxisOp(IRDLOperation):
+    """Base of the grid queries: one i32 per program along `axis`."""
 
-    name = "tl.program_id"
     axis = prop_def(IntegerAttr)
     result = result_def(i32)
     assembly_format = "$axis attr-dict `:` type($result)"
@@ -276,16 +274,17 @@ class ProgramIdOp(IRDLOperation):
 
 
 @irdl_op_definition
-class NumProgramsOp(IRDLOperation):
+class ProgramIdOp(_AxisOp):
+    """`tl.program_id(axis)`: this program's index along `axis` of the grid."""
+
+    name = "tl.program_id"
+
+
+@irdl_op_definition
+class NumProgramsOp(_AxisOp):
     """`tl.num_programs(axis)`: the grid's size along `axis`."""
 
     name = "tl.num_programs"
-    axis = prop_def(IntegerAttr)
-    result = result_def(i32)
-    assembly_format = "$axis attr-dict `:` type($result)"
-
-    def __init__(self, axis: int):
-        super().__init__(properties={"axis": IntegerAttr(axis, i64)}, result_types=[i32])
 
 
 @irdl_op_definition
