@@ -9,7 +9,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse.pipeline import AttnFusePipelinePass
-from attnfuse.triton_printer import print_triton
+from attnfuse.triton_printer import launch_params, print_triton
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,4 @@ def compile_module(module: ModuleOp, *, sm: int | None = None, seq_len: int | No
     AttnFusePipelinePass(sm=sm, seq_len=seq_len, **options).apply(Context(), module)
     out = io.StringIO()
     print_triton(module, out)
-    source = out.getvalue()
-    namespace: dict = {}
-    table_src = source[source.index("LAUNCH_PARAMS = {"):]
-    exec(table_src, namespace)  # the table is a literal dict
-    return CompiledSource(source, namespace["LAUNCH_PARAMS"])
+    return CompiledSource(out.getvalue(), launch_params(module))

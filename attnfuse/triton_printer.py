@@ -162,22 +162,10 @@ class TritonPrinter:
         self.print_launch_table(module)
 
     def print_launch_table(self, module: ModuleOp) -> None:
-        calls = [op for op in module.walk() if isinstance(op, tl.CallOp)]
-        kernels = {k.sym_name.data: k for k in module.ops if isinstance(k, tl.KernelOp)}
         self.out.write("\n\n# Launch parameters of each kernel (host expressions over launch()'s arguments).\n")
         self.out.write("LAUNCH_PARAMS = {\n")
-        for c in calls:
-            kernel = kernels.get(c.callee.data)
-            constexprs = {}
-            if kernel is not None:
-                args = kernel.body.block.args
-                for i in kernel.constexprs:
-                    constexprs[args[i.data].name_hint or str(i.data)] = c.args.data[i.data].data
-            grid = [g.data for g in c.grid]
-            self.out.write(
-                f"    {c.callee.data!r}: {{'grid': {grid!r}, 'num_warps': {c.num_warps.value.data}, "
-                f"'num_stages': {c.num_stages.value.data}, 'constexprs': {constexprs!r}}},\n"
-            )
+        for name, params in launch_params(module).items():
+            self.out.write(f"    {name!r}: {params!r},\n")
         self.out.write("}\n")
 
     # ------------------------------------------------------------------ kernels
@@ -314,6 +302,29 @@ class TritonPrinter:
                 case _:
                     raise DiagnosticException(f"'{h.name}' cannot appear in a tl.launcher")
         self.indent -= 1
+
+
+def launch_params(module: ModuleOp) -> dict[str, dict]:
+    """Per launched kernel: its grid (host expressions), num_warps, num_stages and the values
+    of its constexpr parameters, in launch order."""
+    kernels = {k.sym_name.data: k for k in module.ops if isinstance(k, tl.KernelOp)}
+    table: dict[str, dict] = {}
+    for call in module.walk():
+        if not isinstance(call, tl.CallOp):
+            continue
+        kernel = kernels.get(call.callee.data)
+        constexprs = {}
+        if kernel is not None:
+            args = kernel.body.block.args
+            for i in kernel.constexprs:
+                constexprs[args[i.data].name_hint or str(i.data)] = call.args.data[i.data].data
+        table[call.callee.data] = {
+            "grid": [g.data for g in call.grid],
+            "num_warps": call.num_warps.value.data,
+            "num_stages": call.num_stages.value.data,
+            "constexprs": constexprs,
+        }
+    return table
 
 
 def print_triton(module: ModuleOp, out: IO[str]) -> None:
