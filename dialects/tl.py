@@ -61,44 +61,36 @@ from xdsl.utils.exceptions import VerifyException
 # --------------------------------------------------------------------------- types
 
 
+class _OfType(ParametrizedAttribute, TypeAttribute):
+    """Base of the types parametrised by one element type, written `!tl.x<T>`."""
+
+    def __init__(self, element: Attribute):
+        super().__init__(element)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            return (parser.parse_type(),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_attribute(self.parameters[0])
+
+
 @irdl_attr_definition
-class TileType(ParametrizedAttribute, TypeAttribute):
+class TileType(_OfType):
     """A block of values of one element type (`tl.tensor` in Triton)."""
 
     name = "tl.tile"
     element_type: Attribute
 
-    def __init__(self, element_type: Attribute):
-        super().__init__(element_type)
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        with parser.in_angle_brackets():
-            return (parser.parse_type(),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_attribute(self.element_type)
-
 
 @irdl_attr_definition
-class PointerType(ParametrizedAttribute, TypeAttribute):
+class PointerType(_OfType):
     """A pointer to global memory holding elements of `pointee` (`tl.pointer_type`)."""
 
     name = "tl.ptr"
     pointee: Attribute
-
-    def __init__(self, pointee: Attribute):
-        super().__init__(pointee)
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        with parser.in_angle_brackets():
-            return (parser.parse_type(),)
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            printer.print_attribute(self.pointee)
 
 
 def scalar_of(t: Attribute) -> Attribute:

@@ -20,7 +20,7 @@ from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
 from attnfuse.reference import run_reference_with_lse
 
-MLIR_DTYPES = {torch.float16: "f16", torch.float32: "f32"}
+MLIR_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
 # Absolute tolerance of the output and of the log-sum-exp, per input dtype: fp16 rounds
 # Q (after its prologue) and P to 11 bits; fp32 dots run in IEEE fp32 under the interpreter.

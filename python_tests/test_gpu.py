@@ -19,12 +19,12 @@ import hashlib
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from kernel_harness import variant
 
 import attnfuse
 from attnfuse.compiler import compile_module
@@ -135,33 +135,9 @@ def test_llama3_example(dtype_name: str, rope_mode: str, nq: int, nk: int, folde
 HQ, HKV, D, B = 4, 2, 64, 2
 
 
-def build_ir(e: str, q_ops: Sequence[str] = (), k_ops: Sequence[str] = (), score_ops: Sequence[str] = (),
-             softmax: str = "", extras: Sequence[str] = ()) -> str:
-    """attn IR of `f(q, k, v, *extras)` at B x HQ/HKV x D: pre-matmul ops with {x} for their
-    input, score ops with {s}; {E} is the element type, {Q}/{K}/{S} the q, k, scores types."""
-    qt, kt = f"tensor<?x{HQ}x?x{D}x{e}>", f"tensor<?x{HKV}x?x{D}x{e}>"
-    st, pt = f"!attn.scores<{HQ}>", f"!attn.probs<{HQ}>"
-
-    def fill(text: str, **subs: str) -> str:
-        for key, value in {"E": e, "Q": qt, "K": kt, "S": st, **subs}.items():
-            text = text.replace("{" + key + "}", value)
-        return text
-
-    lines, names = [], {"q": "%q", "k": "%k"}
-    for side, ops, t in (("q", q_ops, qt), ("k", k_ops, kt)):
-        for i, op in enumerate(ops):
-            lines.append(f"%{side}{i} = {fill(op, x=names[side])} : {t}")
-            names[side] = f"%{side}{i}"
-    lines.append(f"%s = attn.qk {names['q']}, {names['k']} : {qt}, {kt} -> {st}")
-    s = "%s"
-    for i, op in enumerate(score_ops):
-        lines.append(f"%s{i} = {fill(op, s=s)} : {st}")
-        s = f"%s{i}"
-    lines.append(f"%p = attn.softmax {s} {fill(softmax)} : {st} -> {pt}")
-    lines.append(f"%o = attn.pv %p, %v : {pt}, {kt} -> {qt}")
-    sig = ", ".join([f"%q: {qt}", f"%k: {kt}", f"%v: {kt}", *(fill(x) for x in extras)])
-    body = "\n".join("  " + line for line in lines)
-    return f"func.func @f({sig}) -> {qt} {{\n{body}\n  func.return %o : {qt}\n}}\n"
+def build_ir(e: str, **pieces) -> str:
+    """attn IR of `f(q, k, v, *extras)` at HQ/HKV x D in element type `e` (kernel_harness.variant)."""
+    return variant(dtype=DTYPES[e], hq=HQ, hkv=HKV, d=D, **pieces)
 
 
 ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = 64"
