@@ -35,17 +35,22 @@ class AttnFusePipelinePass(ModulePass):
     block_n: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    causal_split: bool = True
+    """false: leave KV blocks unclassified, so every block up to Nk is visited and
+    masked (the baseline of the ablation, benchmarks/ablation.py)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for _, make in STAGES:
-            make(self).apply(ctx, op)
+            stage = make(self)
+            if stage is not None:
+                stage.apply(ctx, op)
 
 
-STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass]]] = [
+STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = [
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
-    ("causal-split", lambda o: CausalSplitPass()),
+    ("causal-split", lambda o: CausalSplitPass() if o.causal_split else None),
     ("tiling", lambda o: TilingPass(sm=o.sm, block_m=o.block_m, block_n=o.block_n,
                                     num_warps=o.num_warps, num_stages=o.num_stages)),
     ("convert-attn-to-tl", lambda o: ConvertAttnToTlPass()),
 ]
-"""(stage name, how to build its pass from the pipeline's options), in order."""
+"""(stage name, how to build its pass from the pipeline's options, or None to skip it), in order."""

@@ -15,6 +15,7 @@
 #   sweep     sweep_tiles.py            (tile sweep, then fused vs prerotate per N)
 #   tiles     sweep_tiles.py --part tiles
 #   rotation  sweep_tiles.py --part rotation
+#   ablation  ablation.py               (Table 3: plain causal, paper and Llama shapes, N 1024..16384)
 #
 # Environment: OUT (required: where results go), TOTAL_S (default 540), RESULTS (the
 # working folder, default $OUT/results), EXTRA_FORWARD_ARGS / EXTRA_SWEEP_ARGS.
@@ -73,8 +74,14 @@ for step in "${steps[@]}"; do
       timeout -k 10 "$t" python3 benchmarks/sweep_tiles.py --out "$RESULTS/$step" --part $part \
         --budget-s $(( t - 30 )) ${EXTRA_SWEEP_ARGS:-} || status=1
       ;;
+    ablation)
+      t=$(budget 150)
+      [ "$t" -lt 45 ] && { echo "no time left for $step"; continue; }
+      timeout -k 10 "$t" python3 benchmarks/ablation.py --out "$RESULTS/ablation" --shapes paper,llama \
+        --budget-s $(( t - 30 )) || status=1
+      ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation)"; status=2
       ;;
   esac
 done

@@ -272,6 +272,13 @@ def test_block_classes_with_other_tiles(kdir, masks, block_m, block_n):
     check(variant(score_ops=masks), qkv(nq=37, nk=101), kdir, block_m=block_m, block_n=block_n)
 
 
+@pytest.mark.parametrize("masks", [[CAUSAL], ["attn.mask {s} sliding_window(17)"]], ids=["causal", "window"])
+def test_without_causal_split(kdir, masks):
+    """causal-split=false (the ablation's baseline): one loop over every KV block, all
+    masked, gives the same attention."""
+    check(variant(score_ops=masks), qkv(nq=37, nk=70), kdir, causal_split=False)
+
+
 def test_document_mask(kdir):
     ir = variant(score_ops=["attn.mask {s} document(%ids : tensor<?x?xi32>)"], extras=["%ids: tensor<?x?xi32>"])
     check(ir, qkv(b=2, nq=70) + [doc_ids(2, 70)], kdir)
