@@ -1016,11 +1016,16 @@ _HF_PARAM_NAMES = {"original_max_position_embeddings": "original_max_position"}
 _IGNORED_KEYS = {"type", "rope_type"}
 
 
-def _scaling_attr(kind: str, **params: float | None) -> attn.RopeScalingAttr:
+def _scaling_attr(kind: str, **params: float | bool | None) -> attn.RopeScalingAttr:
     spec = attn.ROPE_SCALINGS[kind]
-    values: dict[str, float] = {}
+    values: dict[str, float | bool] = {}
     for k, v in params.items():
         if v is None:
+            continue
+        if isinstance(spec.get(k), bool):
+            if not isinstance(v, bool):
+                raise AttnFuseError(f"{kind} rope scaling parameter {k} must be True or False, got {v!r}")
+            values[k] = v
             continue
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise AttnFuseError(f"{kind} rope scaling parameter {k} must be a number, got {v!r}")
@@ -1066,10 +1071,13 @@ def yarn_scaling(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     attention_factor: float | None = None,
+    truncate: bool = True,
 ) -> attn.RopeScalingAttr:
     """YaRN (arXiv 2309.00071): frequencies between beta_fast and beta_slow rotations
     over original_max_position blend interpolation and extrapolation; cos and sin are
-    multiplied by attention_factor (default 0.1 * ln(factor) + 1)."""
+    multiplied by attention_factor (default 0.1 * ln(factor) + 1). `truncate` rounds
+    the blend's dim range out to whole dims (Hugging Face's default); gpt-oss sets it
+    to False."""
     return _scaling_attr(
         "yarn",
         factor=factor,
@@ -1077,6 +1085,7 @@ def yarn_scaling(
         beta_fast=beta_fast,
         beta_slow=beta_slow,
         attention_factor=attention_factor,
+        truncate=truncate,
     )
 
 
@@ -1099,13 +1108,6 @@ def rope_scaling(scaling: object) -> attn.RopeScalingAttr | None:
     params: dict[str, Any] = {}
     for k, v in scaling.items():
         if k in _IGNORED_KEYS:
-            continue
-        if k == "truncate" and kind == "yarn":
-            if v is not True:
-                raise AttnFuseError(
-                    "yarn rope scaling with truncate=False is not supported: attn.rope_scaling<yarn> "
-                    "rounds the correction range as Hugging Face's default does"
-                )
             continue
         name = _HF_PARAM_NAMES.get(k, k)
         if name not in attn.ROPE_SCALINGS[kind]:

@@ -14,7 +14,7 @@ from attnfuse.dialects.attn import RopeOp
 
 
 def inv_freq(
-    theta: float, rotary_dim: int, scaling: str | None = None, **params: float
+    theta: float, rotary_dim: int, scaling: str | None = None, **params: float | bool
 ) -> tuple[torch.Tensor, float]:
     """(inv_freq as float64 [rotary_dim // 2], magnitude factor applied to cos and sin)."""
     r = rotary_dim
@@ -42,8 +42,10 @@ def inv_freq(
         def correction_dim(rotations: float) -> float:
             return (r * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-        lo = max(math.floor(correction_dim(beta_fast)), 0)
-        hi = min(math.ceil(correction_dim(beta_slow)), r - 1)
+        lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+        if params.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, r - 1)
         if lo == hi:
             hi += 0.001
         ramp = ((torch.arange(r // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)

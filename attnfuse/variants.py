@@ -109,14 +109,12 @@ def bloom(q, k, v, slopes):
 def gpt_oss(q, k, v, sinks):
     """gpt-oss's banded layers (OpenAI, gpt-oss-120b & gpt-oss-20b model card, arXiv
     2508.10925; the released configs: rope_theta 150000, YaRN factor 32 over an
-    original context of 4096 with beta_fast 32 and beta_slow 1, sliding_window 128):
-    YaRN RoPE, a causal window of 128 positions and a learned sink logit per query
-    head (`sinks`, float tensor [Hq]) in the softmax's normaliser.
-
-    The released config sets YaRN's `truncate` to false (the correction range is not
-    rounded to whole dims); `#attn.rope_scaling<yarn>` rounds it, as Hugging Face's
-    default YaRN does, so a few mid frequencies differ slightly from the model's."""
-    scaling = af.yarn_scaling(factor=32.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0)
+    original context of 4096 with beta_fast 32, beta_slow 1 and truncate false,
+    sliding_window 128): YaRN RoPE, a causal window of 128 positions and a learned
+    sink logit per query head (`sinks`, float tensor [Hq]) in the softmax's normaliser."""
+    scaling = af.yarn_scaling(
+        factor=32.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, truncate=False
+    )
     q = af.rope(q, theta=150000.0, scaling=scaling)
     k = af.rope(k, theta=150000.0, scaling=scaling)
     s = af.mask(af.qk(q, k), af.sliding_window(128))

@@ -31,6 +31,7 @@ from xdsl.dialects.builtin import (
     TensorType,
     f32,
     f64,
+    i1,
     i32,
     i64,
 )
@@ -106,8 +107,9 @@ class ProbsType(_HeadsType):
 
 
 # RoPE scaling schemes: each changes only inv_freq and a magnitude factor on cos/sin.
-# name -> {parameter: default or None when required}
-ROPE_SCALINGS: dict[str, dict[str, float | None]] = {
+# name -> {parameter: default or None when required}. A parameter whose default is a bool
+# is a flag (`true` / `false` in the IR); the others are floats.
+ROPE_SCALINGS: dict[str, dict[str, float | bool | None]] = {
     "linear": {"factor": None},
     "llama3": {
         "factor": None,
@@ -121,6 +123,7 @@ ROPE_SCALINGS: dict[str, dict[str, float | None]] = {
         "beta_fast": 32.0,
         "beta_slow": 1.0,
         "attention_factor": 0.0,  # 0 means the YaRN default 0.1 * ln(factor) + 1
+        "truncate": True,  # round the correction range out to whole dims (false: gpt-oss)
     },
 }
 
@@ -132,28 +135,32 @@ class RopeScalingAttr(ParametrizedAttribute):
     `linear` divides every frequency by `factor`; `llama3` divides low frequencies by
     `factor` and interpolates smoothly between `low_freq_factor` and `high_freq_factor`
     wavelengths of `original_max_position`; `yarn` blends interpolated and
-    extrapolated frequencies between the `beta_fast`/`beta_slow` rotation counts and
-    multiplies cos/sin by `attention_factor`.
+    extrapolated frequencies between the `beta_fast`/`beta_slow` rotation counts
+    (rounded out to whole dims unless `truncate = false`) and multiplies cos/sin by
+    `attention_factor`.
     """
 
     name = "attn.rope_scaling"
     kind: StringAttr
     params: DictionaryAttr
 
-    def __init__(self, kind: str, **params: float):
+    def __init__(self, kind: str, **params: float | bool):
         super().__init__(
             StringAttr(kind),
-            DictionaryAttr({k: FloatAttr(float(v), f64) for k, v in params.items()}),
+            DictionaryAttr({k: _scaling_param(v) for k, v in params.items()}),
         )
 
     @property
-    def values(self) -> dict[str, float]:
+    def values(self) -> dict[str, float | bool]:
         """The parameters with defaults filled in."""
         spec = ROPE_SCALINGS.get(self.kind.data, {})
         out = {k: v for k, v in spec.items() if v is not None}
         for k, v in self.params.data.items():
-            assert isinstance(v, FloatAttr)
-            out[k] = float(v.value.data)
+            if isinstance(v, IntegerAttr):
+                out[k] = bool(v.value.data)
+            else:
+                assert isinstance(v, FloatAttr)
+                out[k] = float(v.value.data)
         return out
 
     @classmethod
@@ -164,15 +171,19 @@ class RopeScalingAttr(ParametrizedAttribute):
             while parser.parse_optional_punctuation(",") is not None:
                 key = parser.parse_identifier("rope scaling parameter name")
                 parser.parse_punctuation("=")
-                params[key] = FloatAttr(float(parser.parse_number()), f64)
+                flag = parser.parse_optional_boolean()
+                params[key] = _scaling_param(flag if flag is not None else float(parser.parse_number()))
         return (StringAttr(kind), DictionaryAttr(params))
 
     def print_parameters(self, printer: Printer) -> None:
         with printer.in_angle_brackets():
             printer.print_string(self.kind.data)
             for k, v in self.params.data.items():
-                assert isinstance(v, FloatAttr)
-                printer.print_string(f", {k} = {_fmt_float(float(v.value.data))}")
+                if isinstance(v, IntegerAttr):
+                    printer.print_string(f", {k} = {'true' if v.value.data else 'false'}")
+                else:
+                    assert isinstance(v, FloatAttr)
+                    printer.print_string(f", {k} = {_fmt_float(float(v.value.data))}")
 
     def verify(self) -> None:
         kind = self.kind.data
@@ -186,7 +197,10 @@ class RopeScalingAttr(ParametrizedAttribute):
                 raise VerifyException(
                     f"rope scaling '{kind}' has no parameter '{k}', expected {', '.join(spec)}"
                 )
-            if not isinstance(v, FloatAttr):
+            if isinstance(spec[k], bool):
+                if not (isinstance(v, IntegerAttr) and v.type == i1):
+                    raise VerifyException(f"rope scaling parameter '{k}' must be true or false")
+            elif not isinstance(v, FloatAttr):
                 raise VerifyException(f"rope scaling parameter '{k}' must be a float")
         for k, default in spec.items():
             if default is None and k not in self.params.data:
@@ -200,6 +214,11 @@ class RopeScalingAttr(ParametrizedAttribute):
             )
         if "original_max_position" in vals and vals["original_max_position"] <= 0:
             raise VerifyException("rope scaling original_max_position must be > 0")
+
+
+def _scaling_param(v: float | bool) -> Attribute:
+    """A rope scaling parameter's attribute: a flag as an i1, a number as an f64."""
+    return IntegerAttr(int(v), i1) if isinstance(v, bool) else FloatAttr(float(v), f64)
 
 
 def _fmt_float(v: float) -> str:

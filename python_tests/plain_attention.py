@@ -46,16 +46,19 @@ def llama3_inv_freq(
 
 
 def yarn_inv_freq(
-    theta: float, rotary_dim: int, factor: float, original: float, beta_fast: float = 32.0, beta_slow: float = 1.0
+    theta: float, rotary_dim: int, factor: float, original: float, beta_fast: float = 32.0, beta_slow: float = 1.0,
+    truncate: bool = True,
 ) -> tuple[torch.Tensor, float]:
-    """YaRN (arXiv 2309.00071) with the correction range rounded to whole dims:
-    (inv_freq, cos/sin magnitude 0.1 ln(factor) + 1)."""
+    """YaRN (arXiv 2309.00071), the correction range rounded out to whole dims when
+    `truncate`: (inv_freq, cos/sin magnitude 0.1 ln(factor) + 1)."""
 
     def dim_for(rotations: float) -> float:
         return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    lo = max(math.floor(dim_for(beta_fast)), 0)
-    hi = min(math.ceil(dim_for(beta_slow)), rotary_dim - 1)
+    lo, hi = dim_for(beta_fast), dim_for(beta_slow)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, rotary_dim - 1)
     if lo == hi:
         hi += 0.001
     freqs = default_inv_freq(theta, rotary_dim)

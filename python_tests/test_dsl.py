@@ -118,8 +118,9 @@ def test_rope_styles_partial_rotary_and_scale_prematmul():
             lambda: (plain.llama3_inv_freq(50.0, 16, 4.0, original=64.0), 1.0),
         ),
         (af.yarn_scaling(8.0, 16), lambda: plain.yarn_inv_freq(50.0, 16, 8.0, 16.0)),
+        (af.yarn_scaling(8.0, 16, truncate=False), lambda: plain.yarn_inv_freq(50.0, 16, 8.0, 16.0, truncate=False)),
     ],
-    ids=["linear", "llama3-dict", "yarn"],
+    ids=["linear", "llama3-dict", "yarn", "yarn-untruncated"],
 )
 def test_rope_scaling(scaling, inv_freq):
     @af.variant
@@ -149,6 +150,11 @@ def test_rope_scaling_forms_print_identically():
     assert af.rope_scaling({"rope_type": "default"}) is None
     yarn = af.rope_scaling({"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096})
     assert yarn == af.yarn_scaling(32.0, 4096)
+    gpt_oss = af.rope_scaling(
+        {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False}
+    )
+    assert gpt_oss == af.yarn_scaling(32.0, 4096, truncate=False) != yarn
+    assert "truncate = false" in str(gpt_oss) and "truncate = true" in str(yarn)
 
 
 def test_rope_with_inv_freq_tensor():

@@ -267,10 +267,8 @@ def test_tracing_errors_pre_matmul():
         run(lambda q, k, v: af.pv(af.softmax(af.qk(af.rope(q, style="neox"), k)), v))
     with pytest.raises(af.AttnFuseError, match=r"unknown rope scaling type 'dynamic'"):
         run(lambda q, k, v: af.pv(af.softmax(af.qk(af.rope(q, scaling={"type": "dynamic", "factor": 2}), k)), v))
-    with pytest.raises(af.AttnFuseError, match=r"yarn rope scaling with truncate=False is not supported"):
-        af.rope_scaling(
-            {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False}
-        )
+    with pytest.raises(af.AttnFuseError, match=r"yarn rope scaling parameter truncate must be True or False, got 0"):
+        af.rope_scaling({"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": 0})
     with pytest.raises(af.AttnFuseError, match=r"yarn rope scaling needs original_max_position"):
         af.rope_scaling({"rope_type": "yarn", "factor": 32.0})
     with pytest.raises(af.AttnFuseError, match=r"llama3 rope scaling has no parameter 'beta_fast'"):

@@ -34,12 +34,16 @@ def llama3_reference(theta, dim, factor, low_freq_factor, high_freq_factor, old_
     return new_freqs
 
 
-def yarn_reference(theta, dim, factor, original_max, beta_fast=32.0, beta_slow=1.0) -> tuple[list[float], float]:
+def yarn_reference(
+    theta, dim, factor, original_max, beta_fast=32.0, beta_slow=1.0, truncate=True
+) -> tuple[list[float], float]:
     def find_correction_dim(num_rotations):
         return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-    low = max(math.floor(find_correction_dim(beta_fast)), 0)
-    high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
+    low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     freqs = []
@@ -130,6 +134,20 @@ def test_yarn_explicit_attention_factor_and_betas():
     expected, _ = yarn_reference(10000.0, 64, 16.0, 1024.0, beta_fast=16.0, beta_slow=2.0)
     close(freqs, as_tensor(expected))
     assert magnitude == 1.25
+
+
+def test_yarn_without_truncation_gpt_oss():
+    """gpt-oss's released config (theta 150000, head dim 64, factor 32 over 4096, truncate
+    false): the blend's dim range keeps its fractional ends, so the ramp frequencies differ
+    from the rounded form's."""
+    params = dict(factor=32.0, original_max_position=4096.0, beta_fast=32.0, beta_slow=1.0)
+    freqs, magnitude = inv_freq(150000.0, 64, "yarn", truncate=False, **params)
+    expected, mscale = yarn_reference(150000.0, 64, 32.0, 4096.0, truncate=False)
+    close(freqs, as_tensor(expected))
+    assert magnitude == pytest.approx(mscale)
+    rounded, _ = inv_freq(150000.0, 64, "yarn", **params)
+    assert not torch.equal(freqs, rounded)
+    close(rounded, as_tensor(yarn_reference(150000.0, 64, 32.0, 4096.0)[0]))
 
 
 def test_op_inv_freq_fills_scaling_defaults():

@@ -63,7 +63,7 @@ def expected(name: str, q, k, v, *extras) -> torch.Tensor:
         bias = extras[0].to(F64)[None, :, None, None] * (kp[None, :] - qp[:, None])
         return plain.finish(plain.scores(q, k) + bias, v, causal)
     if name == "gpt_oss":
-        inv, mag = plain.yarn_inv_freq(150000.0, D, 32.0, 4096.0, 32.0, 1.0)
+        inv, mag = plain.yarn_inv_freq(150000.0, D, 32.0, 4096.0, 32.0, 1.0, truncate=False)
         s = plain.scores(plain.rope(q, qp, inv, magnitude=mag), plain.rope(k, kp, inv, magnitude=mag))
         return plain.finish(s, v, causal & (d < 128), sink=extras[0])
     assert name == "packed_documents"
@@ -86,7 +86,7 @@ IR_FRAGMENTS = {
     "qwen3": ["attn.norm %q eps = 1.0e-06 weight(%q_norm_weight", "theta = 1000000.0", "causal"],
     "bloom": ["alibi(%slopes : tensor<4xf32>)", "causal"],
     "gpt_oss": [
-        "#attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0>",
+        "#attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, truncate = false>",
         "theta = 150000.0",
         "sliding_window(128)",
         "sink(%sinks : tensor<4xf32>)",

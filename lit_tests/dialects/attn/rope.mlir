@@ -15,7 +15,7 @@ func.func @rope(%q: tensor<?x8x?x64xf16>, %k: tensor<2x2x?x64xbf16>, %f: tensor<
   %llama3 = attn.rope %q half theta = 500000.0 rotary_dim = 64 scaling = #attn.rope_scaling<llama3, factor = 8.0> : tensor<?x8x?x64xf16>
   %llama3_all = attn.rope %q half theta = 500000.0 rotary_dim = 64 scaling = #attn.rope_scaling<llama3, factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 8192.0> : tensor<?x8x?x64xf16>
   %yarn = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 4096.0> : tensor<?x8x?x64xf16>
-  %yarn_all = attn.rope %k interleaved theta = 1000000.0 rotary_dim = 32 scaling = #attn.rope_scaling<yarn, factor = 40.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.25> : tensor<2x2x?x64xbf16>
+  %yarn_all = attn.rope %k interleaved theta = 1000000.0 rotary_dim = 32 scaling = #attn.rope_scaling<yarn, factor = 40.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.25, truncate = false> : tensor<2x2x?x64xbf16>
   %explicit = attn.rope %q half theta = 10000.0 rotary_dim = 32 inv_freq(%f : tensor<16xf32>) : tensor<?x8x?x64xf16>
   %tagged = attn.rope %q half theta = 10000.0 rotary_dim = 64 {note = "q"} : tensor<?x8x?x64xf16>
   func.return
@@ -30,7 +30,7 @@ func.func @rope(%q: tensor<?x8x?x64xf16>, %k: tensor<2x2x?x64xbf16>, %f: tensor<
 // CHECK-NEXT:    %llama3 = attn.rope %q half theta = 500000.0 rotary_dim = 64 scaling = #attn.rope_scaling<llama3, factor = 8.0> : tensor<?x8x?x64xf16>
 // CHECK-NEXT:    %llama3_all = attn.rope %q half theta = 500000.0 rotary_dim = 64 scaling = #attn.rope_scaling<llama3, factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 8192.0> : tensor<?x8x?x64xf16>
 // CHECK-NEXT:    %yarn = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 4096.0> : tensor<?x8x?x64xf16>
-// CHECK-NEXT:    %yarn_all = attn.rope %k interleaved theta = 1000000.0 rotary_dim = 32 scaling = #attn.rope_scaling<yarn, factor = 40.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.25> : tensor<2x2x?x64xbf16>
+// CHECK-NEXT:    %yarn_all = attn.rope %k interleaved theta = 1000000.0 rotary_dim = 32 scaling = #attn.rope_scaling<yarn, factor = 40.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, attention_factor = 1.25, truncate = false> : tensor<2x2x?x64xbf16>
 // CHECK-NEXT:    %explicit = attn.rope %q half theta = 10000.0 rotary_dim = 32 inv_freq(%f : tensor<16xf32>) : tensor<?x8x?x64xf16>
 // CHECK-NEXT:    %tagged = attn.rope %q half theta = 10000.0 rotary_dim = 64 {note = "q"} : tensor<?x8x?x64xf16>
 // CHECK-NEXT:    func.return

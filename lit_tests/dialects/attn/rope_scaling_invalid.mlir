@@ -79,3 +79,19 @@ func.func @llama3_original_max_position_negative(%q: tensor<?x8x?x64xf32>) {
   func.return
 }
 // CHECK: rope scaling original_max_position must be > 0
+
+// -----
+
+func.func @yarn_truncate_not_a_flag(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 4096.0, truncate = 1.0> : tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: rope scaling parameter 'truncate' must be true or false
+
+// -----
+
+func.func @factor_not_a_number(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<linear, factor = true> : tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: rope scaling parameter 'factor' must be a float

@@ -69,8 +69,8 @@ func.func @qwen3(%q: tensor<?x16x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 
 // gpt-oss: YaRN-scaled RoPE, sliding window 128, a learned sink logit per head.
 func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: tensor<?x8x?x64xbf16>, %sink: tensor<64xf32>) -> tensor<?x64x?x64xbf16> {
-  %qr = attn.rope %q half theta = 150000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0> : tensor<?x64x?x64xbf16>
-  %kr = attn.rope %k half theta = 150000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0> : tensor<?x8x?x64xbf16>
+  %qr = attn.rope %q half theta = 150000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, truncate = false> : tensor<?x64x?x64xbf16>
+  %kr = attn.rope %k half theta = 150000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, truncate = false> : tensor<?x8x?x64xbf16>
   %s = attn.qk %qr, %kr : tensor<?x64x?x64xbf16>, tensor<?x8x?x64xbf16> -> !attn.scores<64>
   %m = attn.mask %s sliding_window(128) : !attn.scores<64>
   %p = attn.softmax %m sink(%sink : tensor<64xf32>) : !attn.scores<64> -> !attn.probs<64>
@@ -79,6 +79,7 @@ func.func @gpt_oss(%q: tensor<?x64x?x64xbf16>, %k: tensor<?x8x?x64xbf16>, %v: te
 }
 
 // CHECK-LABEL: func.func @gpt_oss(
+// CHECK-NEXT:    %qr = attn.rope %q half theta = 150000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, truncate = false> : tensor<?x64x?x64xbf16>
 // CHECK:         %m = attn.mask %s sliding_window(128) : !attn.scores<64>
 // CHECK-NEXT:    %p = attn.softmax %m sink(%sink : tensor<64xf32>) : !attn.scores<64> -> !attn.probs<64>
 
