@@ -12,6 +12,7 @@ groups (rotation halves, pass-through part) that meet again only as a sum of dot
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -817,7 +818,8 @@ def arg_names(f: func.FuncOp) -> list[str]:
     names: list[str] = []
     for i, a in enumerate(f.body.block.args):
         n = a.name_hint if a.name_hint and a.name_hint.isidentifier() else f"arg{i}"
-        if n in names or n in ("out", "lse", "k_rot", "torch", "triton", "tl") or n.startswith("inv_freq"):
+        reserved = n in ("out", "lse", "k_rot", "torch", "triton", "tl") or keyword.iskeyword(n)
+        if n in names or reserved or n.startswith(("inv_freq", "rope_", "_")):
             n = f"{n}_{i}"
         names.append(n)
     return names

@@ -201,5 +201,42 @@ def test_fewer_queries_than_keys(nq: int, dtype_name: str, folder: Path) -> None
     check_kernel(ir, [q, k, v], folder)
 
 
+def test_repeated_launches(folder: Path) -> None:
+    """Launches after the first run the compiled binary directly (`_launch` in the generated
+    module): new tensors, new lengths (new integer arguments), views whose data pointer is
+    not 16-byte aligned (another specialisation) and the same call under a Triton launch
+    hook (which takes Triton's own path) all still match the reference."""
+    import triton
+
+    dtype = torch.float16
+    ir = build_ir("f16", q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])
+    compiled = compile_module(parse_module(ir), sm=device_sm(), seq_len=256, rope_mode="prerotate")
+    kern = load_kernel(compiled.source, folder)
+
+    def run_and_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
+        out, _ = kern.launch(q, k, v)
+        torch.cuda.synchronize()
+        ref, _ = run_reference_with_lse(ir, q.cpu(), k.cpu(), v.cpu())
+        assert_matches(out, ref, dtype, what)
+
+    for seed, n in [(1, 256), (2, 256), (3, 200), (4, 256)]:
+        q, k, v = (randn(B, h, n, D, dtype=dtype, seed=seed + i).cuda() for i, h in enumerate([HQ, HKV, HKV]))
+        run_and_check(q, k, v, f"call seed={seed} n={n}")
+    assert kern._BINARIES, "no binary was cached for direct launches"
+    # One element of offset: the data pointers are 2 bytes past a 16-byte boundary.
+    big = [randn(B * h * 130 * D + 1, dtype=dtype, seed=9 + i).cuda() for i, h in enumerate([HQ, HKV, HKV])]
+    q, k, v = (t[1:].view(B, h, 130, D) for t, h in zip(big, [HQ, HKV, HKV], strict=True))
+    assert q.data_ptr() % 16 != 0
+    run_and_check(q, k, v, "misaligned views")
+    run_and_check(q, k, v, "misaligned views, again")
+    seen: list[object] = []
+    triton.knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        run_and_check(q, k, v, "with a launch hook")
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert len(seen) == 2, "a launch hook must see both launches (rotate_k and attn_fwd)"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-m", "gpu", *sys.argv[1:]]))

@@ -86,7 +86,8 @@ IR_FRAGMENTS = {
     "qwen3": ["attn.norm %q eps = 1.0e-06 weight(%q_norm_weight", "theta = 1000000.0", "causal"],
     "bloom": ["alibi(%slopes : tensor<4xf32>)", "causal"],
     "gpt_oss": [
-        "#attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, truncate = false>",
+        "#attn.rope_scaling<yarn, factor = 32.0, original_max_position = 4096.0, beta_fast = 32.0, beta_slow = 1.0, "
+        "truncate = false>",
         "theta = 150000.0",
         "sliding_window(128)",
         "sink(%sinks : tensor<4xf32>)",

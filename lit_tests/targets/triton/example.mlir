@@ -43,9 +43,8 @@
 // CHECK:           out = torch.empty((q.shape[0], 32, q.shape[2], 128,), dtype=torch.bfloat16, device=q.device)
 // CHECK-NEXT:      lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
 // CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
-// CHECK:           rotate_k[(triton.cdiv(k.shape[2], 64), k.shape[0] * 8,)](
-// CHECK:           attn_fwd[(q.shape[0] * 32, triton.cdiv(q.shape[2], 32),)](
-// CHECK:               num_warps=4, num_stages=1,
+// CHECK:           _launch(rotate_k, (triton.cdiv(k.shape[2], 64), k.shape[0] * 8,), 4, 1,
+// CHECK:           _launch(attn_fwd, (q.shape[0] * 32, triton.cdiv(q.shape[2], 32),), 4, 1,
 // CHECK:           return out, lse
 
 // CHECK:       LAUNCH_PARAMS = {

@@ -20,7 +20,7 @@
 // SINK:       sink = tl.load(
 // ALL:        tl.store(
 // ALL:        def launch(
-// PRE:        rotate_k[(
-// ALL:        attn_fwd[(
+// PRE:        _launch(rotate_k, (
+// ALL:        _launch(attn_fwd, (
 // ALL:        return out, lse
 // ALL:        LAUNCH_PARAMS = {

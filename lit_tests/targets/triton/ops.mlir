@@ -68,10 +68,8 @@ tl.launcher "launch"(["x"]) {
 // CHECK:       def launch(x):
 // CHECK-NEXT:      """Allocate the outputs and launch the kernels; returns (out, lse)."""
 // CHECK-NEXT:      out = torch.empty((x.shape[0], 16,), dtype=torch.float16, device=x.device)
-// CHECK-NEXT:      ops[(triton.cdiv(x.shape[0], 16), 1,)](
-// CHECK-NEXT:          x, x.shape[0], 16,
-// CHECK-NEXT:          num_warps=4, num_stages=2,
-// CHECK-NEXT:      )
+// CHECK-NEXT:      _launch(ops, (triton.cdiv(x.shape[0], 16), 1,), 4, 2,
+// CHECK-NEXT:              x, x.shape[0], 16)
 // CHECK-NEXT:      return out
 // CHECK:       LAUNCH_PARAMS = {
 // CHECK-NEXT:      'ops': {'grid': ['triton.cdiv(x.shape[0], 16)', '1'], 'num_warps': 4, 'num_stages': 2, 'constexprs': {'BLOCK': '16'}},
