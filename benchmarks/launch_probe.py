@@ -65,6 +65,28 @@ def causal(q, k, v):
     return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
 
 
+def _no_op_hook(*args):
+    return None
+
+
+def measure(var, q, k, v) -> dict[str, float]:
+    launch = var.compile(q, k, v).launch
+    res = {"variant call us": per_call_us(lambda: var(q, k, v)),
+           "launch() us": per_call_us(lambda: launch(q, k, v)),
+           "3x torch.empty us": per_call_us(lambda: (torch.empty_like(q), torch.empty_like(k),
+                                                     torch.empty(q.shape[:3], device=q.device))),
+           "do_bench variant ms": gpu_ms(lambda: var(q, k, v)),
+           "do_bench launch ms": gpu_ms(lambda: launch(q, k, v)),
+           "cuda graph launch ms": graph_ms(lambda: launch(q, k, v))}
+    triton.knobs.runtime.launch_enter_hook.add(_no_op_hook)
+    try:
+        res["JIT path: variant call us"] = per_call_us(lambda: var(q, k, v))
+        res["JIT path: do_bench variant ms"] = gpu_ms(lambda: var(q, k, v))
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(_no_op_hook)
+    return res
+
+
 def main():
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name())
     for shape in C.SHAPES.values():
@@ -73,22 +95,7 @@ def main():
             k = torch.randn(shape.batch, shape.kv_heads, n, shape.head_dim, device="cuda", dtype=shape.dtype)
             v = torch.randn_like(k)
             for var in (causal, rope_causal):
-                kern = var.compile(q, k, v)
-                launch = kern.launch
-                res = {"variant call us": per_call_us(lambda: var(q, k, v)),
-                       "launch() us": per_call_us(lambda: launch(q, k, v)),
-                       "3x torch.empty us": per_call_us(lambda: (torch.empty_like(q), torch.empty_like(k),
-                                                                 torch.empty(q.shape[:3], device=q.device))),
-                       "do_bench variant ms": gpu_ms(lambda: var(q, k, v)),
-                       "do_bench launch ms": gpu_ms(lambda: launch(q, k, v)),
-                       "cuda graph launch ms": graph_ms(lambda: launch(q, k, v))}
-                hook = (lambda *a: None)
-                triton.knobs.runtime.launch_enter_hook.add(hook)
-                try:
-                    res["JIT path: variant call us"] = per_call_us(lambda: var(q, k, v))
-                    res["JIT path: do_bench variant ms"] = gpu_ms(lambda: var(q, k, v))
-                finally:
-                    triton.knobs.runtime.launch_enter_hook.remove(hook)
+                res = measure(var, q, k, v)
                 print(f"{shape.name} N={n} {var.__name__}: " + ", ".join(
                     f"{k2} {v2:.4g}" for k2, v2 in res.items()), flush=True)
 
