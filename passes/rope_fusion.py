@@ -34,48 +34,34 @@ class GpuModel:
     """Device memory bandwidth, bytes per second."""
     launch_s: float
     """Cost of one more kernel launch, seconds."""
-    sms: int
-    """Streaming multiprocessors: how many Q tiles run at once."""
 
 
 # sm90: fitted on the lent H200 on 2026-11-29 (benchmarks/results/h200/rope_smoke.md, NOTES.md):
 # rotating K in the KV loop cost 0.44 ms over plain causal at B4/H12/N4096/D64 (2.0e8 rotated K
 # elements, 4.5e11/s) and 0.053 ms at N=1024 (1.3e7 elements, 2.4e11/s); 2.5e11 keeps the small-N
 # choice right, where it matters. Pre-rotation cost 0.026 ms at N=4096, which one launch plus
-# one read and write of K at 4.3 TB/s predicts within 25%. Batch is a runtime size, so the pass
-# evaluates the model at the smallest batch whose grid fills the GPU once (`wave_batch`): at
-# batch 1 it chose fused for the paper shape at N=512, where pre-rotation measured faster
-# (benchmarks/results/h200/run_2026-11-29_launch/rotation.md). sm80/sm86/sm89 are datasheet
+# one read and write of K at 4.3 TB/s predicts within 25%. The model is evaluated at batch 1
+# (batch is a runtime size), the case most favourable to fusing. sm80/sm86/sm89 are datasheet
 # estimates, not measured here.
 GPU_MODELS: dict[int, GpuModel] = {
-    90: GpuModel(rotate_rate=2.5e11, bandwidth=4.3e12, launch_s=8e-6, sms=132),
-    89: GpuModel(rotate_rate=0.8e12, bandwidth=0.9e12, launch_s=6e-6, sms=128),
-    86: GpuModel(rotate_rate=0.6e12, bandwidth=0.9e12, launch_s=6e-6, sms=82),
-    80: GpuModel(rotate_rate=1.0e12, bandwidth=1.9e12, launch_s=6e-6, sms=108),
+    90: GpuModel(rotate_rate=2.5e11, bandwidth=4.3e12, launch_s=8e-6),
+    89: GpuModel(rotate_rate=0.8e12, bandwidth=0.9e12, launch_s=6e-6),
+    86: GpuModel(rotate_rate=0.6e12, bandwidth=0.9e12, launch_s=6e-6),
+    80: GpuModel(rotate_rate=1.0e12, bandwidth=1.9e12, launch_s=6e-6),
 }
-
-
-def wave_batch(sm: int, seq_len: int, q_heads: int, block_m: int = 128) -> int:
-    """The smallest batch whose grid (batch x q_heads x ceil(N / block_m) Q tiles) fills
-    every SM once."""
-    model = GPU_MODELS.get(sm, GPU_MODELS[90])
-    return max(1, math.ceil(model.sms / (q_heads * math.ceil(seq_len / block_m))))
 
 
 def rotation_costs(
     sm: int, seq_len: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
-    block_m: int = 128, batch: int | None = None, elem_bytes: int = 2,
+    block_m: int = 128, batch: int = 1, elem_bytes: int = 2,
 ) -> tuple[float, float]:
-    """(seconds K's transforms add when fused in the KV loop, when pre-rotated), at `batch`
-    (default: `wave_batch`).
+    """(seconds K's transforms add when fused in the KV loop, when pre-rotated).
 
     Fused: every (Q tile, K tile) pair the kernel visits rotates the K tile again:
     batch * q_heads * ceil(N / block_m) * N * head_dim elements, halved when causal.
     Pre-rotated: K (kv_heads only) is read and written once more, plus one launch.
     """
     model = GPU_MODELS.get(sm, GPU_MODELS[90])
-    if batch is None:
-        batch = wave_batch(sm, seq_len, q_heads, block_m)
     visits = batch * q_heads * math.ceil(seq_len / block_m) * seq_len * head_dim
     if causal:
         visits /= 2
@@ -86,7 +72,7 @@ def rotation_costs(
 
 
 def crossover(sm: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
-              block_m: int = 128, batch: int | None = None) -> int:
+              block_m: int = 128, batch: int = 1) -> int:
     """The smallest power-of-two N from 64 up at which pre-rotation is cheaper."""
     n = 64
     while n < 1 << 22:
