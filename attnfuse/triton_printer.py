@@ -83,10 +83,12 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
 '''
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
-_RESERVED = set(keyword.kwlist) | set(dir(builtins)) | {
+RESERVED_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {
     "tl", "triton", "torch", "range", "float", "int", "launch", "_launch", "_rope_table", "_TABLES", "_BINARIES",
     "_DRIVER",
 }
+"""Names a generated module uses itself (keywords, builtins, imports, its helpers): kernel
+values and launcher parameters must not take them."""
 
 
 def dtype_name(t: Attribute, prefix: str = "tl") -> str:
@@ -133,7 +135,7 @@ class TritonPrinter:
         base = re.sub(r"\W", "_", hint or "t")
         if not base or base[0].isdigit():
             base = "v_" + base
-        if base in _RESERVED:
+        if base in RESERVED_NAMES:
             base += "_"
         name, i = base, 1
         while name in self.used:

@@ -12,7 +12,6 @@ groups (rotation halves, pass-through part) that meet again only as a sum of dot
 
 from __future__ import annotations
 
-import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,7 +35,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from attnfuse.analysis import Variant, analyse, variant_funcs
 from attnfuse.dialects import attn, tl
 from attnfuse.rope_freqs import op_inv_freq
-from attnfuse.triton_printer import dtype_name
+from attnfuse.triton_printer import RESERVED_NAMES, dtype_name
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -818,7 +817,7 @@ def arg_names(f: func.FuncOp) -> list[str]:
     names: list[str] = []
     for i, a in enumerate(f.body.block.args):
         n = a.name_hint if a.name_hint and a.name_hint.isidentifier() else f"arg{i}"
-        reserved = n in ("out", "lse", "k_rot", "torch", "triton", "tl") or keyword.iskeyword(n)
+        reserved = n in RESERVED_NAMES or n in ("out", "lse", "k_rot")
         if n in names or reserved or n.startswith(("inv_freq", "rope_", "_")):
             n = f"{n}_{i}"
         names.append(n)

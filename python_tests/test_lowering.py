@@ -195,6 +195,15 @@ def test_rope_inv_freq_operand_strided(kdir, mode):
     check(ir, qkv() + [freqs], kdir, rope_mode=mode)
 
 
+def test_argument_names_that_shadow_the_generated_code(kdir):
+    """Function arguments named like builtins or names the generated module uses (`max` is
+    called in launch(), `torch` imported) are renamed in the launcher, not shadowed."""
+    ir = variant(q_ops=[rope()], k_ops=[rope()], score_ops=[CAUSAL])
+    ir = ir.replace("%q", "%max").replace("%v", "%torch")
+    source = check(ir, qkv(nq=45), kdir, rope_mode="prerotate")
+    assert "def launch(max_0, k, torch_2):" in source
+
+
 @pytest.mark.parametrize("mode", ["fused", "prerotate"])
 def test_qk_norm_weight_then_rope(kdir, mode):
     """Qwen3: QK-norm with learned weights, then RoPE, causal."""
