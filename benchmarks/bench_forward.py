@@ -396,8 +396,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="folder for forward.json and forward.md")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_NS}, variants {QUICK_VARIANTS}")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="no GPU: tiny shapes, generated kernels under the Triton interpreter, eager peers")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(C.VARIANTS)}")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of paper,llama")
     ap.add_argument("--ns", default=None, help="comma-separated sequence lengths")
@@ -407,12 +405,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="stop starting new cases after this many seconds (results so far are written)")
     ap.add_argument("--flex-dynamic", action="store_true",
                     help="compile flex with dynamic=True (one compile for all N) instead of static shapes")
-    ap.add_argument("--workers", type=int, default=12, help="processes that precompile the AttnFuse kernels")
-    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
-    ap.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
-    ap.add_argument("--atol", type=float, default=C.ATOL)
-    ap.add_argument("--rtol", type=float, default=C.RTOL)
-    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
+    C.add_measurement_args(ap)
     args = ap.parse_args(argv)
     if args.window is None:
         args.window = SMOKE_WINDOW if args.cpu_smoke else C.WINDOW

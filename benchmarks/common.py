@@ -24,6 +24,7 @@ Scripts import this file as `common` (they put its folder first on sys.path).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import importlib.util
@@ -564,6 +565,19 @@ def raise_recompile_limits() -> None:
                         ("accumulated_recompile_limit", 4096), ("accumulated_cache_size_limit", 4096)):
         if hasattr(cfg, name):
             setattr(cfg, name, value)
+
+
+def add_measurement_args(ap: argparse.ArgumentParser) -> None:
+    """The options every measuring script shares: precompile workers, --cpu-smoke, do_bench
+    settings, the output check's tolerances and --verbose."""
+    ap.add_argument("--workers", type=int, default=12, help="processes that precompile the AttnFuse kernels")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="no GPU: tiny shapes, generated kernels under the Triton interpreter")
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
+    ap.add_argument("--atol", type=float, default=ATOL)
+    ap.add_argument("--rtol", type=float, default=RTOL)
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing measurements")
 
 
 # ----------------------------------------------------------------------------- records

@@ -401,14 +401,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ns", default=None, help="rotation part: sequence lengths (default 512..16384)")
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop measuring after this many seconds (what was measured is written)")
-    ap.add_argument("--workers", type=int, default=12, help="processes that precompile the kernels")
-    ap.add_argument("--cpu-smoke", action="store_true", help="no GPU: tiny shapes under the Triton interpreter")
     ap.add_argument("--window", type=int, default=C.WINDOW)
-    ap.add_argument("--warmup", type=int, default=25)
-    ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--atol", type=float, default=C.ATOL)
-    ap.add_argument("--rtol", type=float, default=C.RTOL)
-    ap.add_argument("--verbose", action="store_true")
+    C.add_measurement_args(ap)
     return ap.parse_args(argv)
 
 
