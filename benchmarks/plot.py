@@ -147,6 +147,16 @@ def title(env: dict[str, Any], what: str) -> str:
     return f"{what}: {env.get('gpu', 'GPU')}, run of {env.get('date_utc', '?')} UTC"
 
 
+def save(plt: Any, fig: Any, heading: str, footer: str, path: Path) -> Path:
+    """Title and caption the figure, write it to `path` and close it."""
+    fig.suptitle(heading, fontsize=11)
+    fig.text(0.5, 0.01, footer, ha="center", fontsize=7, color="0.3")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_speedup(plt: Any, table: dict, env: dict[str, Any], variant: str, shapes: list[str],
                  source: Path, out: Path) -> Path | None:
     """speedup_<variant>.png: AttnFuse (auto) over each peer, one panel per shape."""
@@ -192,13 +202,8 @@ def plot_speedup(plt: Any, table: dict, env: dict[str, Any], variant: str, shape
     note = ""
     if any((s, variant, "rope+flex") in table for s in present):
         note = " (plain flex / cuDNN compute it without RoPE)"
-    fig.suptitle(title(env, f"AttnFuse forward speed-up, {variant}{note}"), fontsize=11)
-    fig.text(0.5, 0.01, caption(env, source), ha="center", fontsize=7, color="0.3")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    path = out / f"speedup_{variant}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, title(env, f"AttnFuse forward speed-up, {variant}{note}"), caption(env, source),
+                out / f"speedup_{variant}.png")
 
 
 def plot_tflops(plt: Any, table: dict, env: dict[str, Any], shapes: list[str], source: Path,
@@ -226,13 +231,8 @@ def plot_tflops(plt: Any, table: dict, env: dict[str, Any], shapes: list[str], s
         ax.set_ylabel("TFLOP/s (4·B·Hq·D·N²/2 per forward)")
         ax.set_title(SHAPE_LABELS.get(shape, shape), fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(title(env, f"Forward TFLOP/s, {variant}"), fontsize=11)
-    fig.text(0.5, 0.01, caption(env, source), ha="center", fontsize=7, color="0.3")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    path = out / f"tflops_{variant}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, title(env, f"Forward TFLOP/s, {variant}"), caption(env, source),
+                out / f"tflops_{variant}.png")
 
 
 def main(argv: list[str] | None = None) -> int:
