@@ -105,10 +105,7 @@ def analyse(f: func.FuncOp) -> Variant:
 
 def variant_funcs(module: ModuleOp) -> list[func.FuncOp]:
     """The functions of `module` that hold an attention (an attn.qk)."""
-    return [
-        op for op in module.ops
-        if isinstance(op, func.FuncOp) and any(isinstance(o, attn.QKOp) for o in op.walk())
-    ]
+    return [op for op in module.ops if isinstance(op, func.FuncOp) and any(isinstance(o, attn.QKOp) for o in op.walk())]
 
 
 def target_option(module: ModuleOp, key: str, given: int | None, default: int) -> int:

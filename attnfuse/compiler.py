@@ -21,8 +21,7 @@ class CompiledSource:
     launch_params: dict
 
 
-def compile_module(module: ModuleOp, *, sm: int | None = None, seq_len: int | None = None,
-                   **options) -> CompiledSource:
+def compile_module(module: ModuleOp, *, sm: int | None = None, seq_len: int | None = None, **options) -> CompiledSource:
     """Lower a module holding one attention function (it is not modified) to Triton source.
     `options` are the pipeline's (rope_mode, block_m, block_n, num_warps, num_stages,
     causal_split)."""

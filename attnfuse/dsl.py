@@ -136,8 +136,7 @@ def _tracer(what: str) -> _Tracer:
         )
     if t.region is not None:
         raise AttnFuseError(
-            f"{what} cannot be used inside {t.region.what}: a custom function computes one score element "
-            f"from scalars"
+            f"{what} cannot be used inside {t.region.what}: a custom function computes one score element from scalars"
         )
     return t
 

@@ -53,9 +53,7 @@ def get_func(ir: ModuleOp | FuncOp | str) -> FuncOp:
             raise AttnFuseError(f"expected a builtin.module holding exactly one func.func, found {len(funcs)}")
         func = funcs[0]
     else:
-        raise AttnFuseError(
-            f"expected attn IR as a builtin.module, a func.func or MLIR text, got {type(ir).__name__}"
-        )
+        raise AttnFuseError(f"expected attn IR as a builtin.module, a func.func or MLIR text, got {type(ir).__name__}")
     if not func.body.blocks:
         raise AttnFuseError(f"func.func @{func.sym_name.data} has no body")
     return func

@@ -49,8 +49,12 @@ class AttnFusePipelinePass(ModulePass):
 STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = [
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
     ("causal-split", lambda o: CausalSplitPass() if o.causal_split else None),
-    ("tiling", lambda o: TilingPass(sm=o.sm, block_m=o.block_m, block_n=o.block_n,
-                                    num_warps=o.num_warps, num_stages=o.num_stages)),
+    (
+        "tiling",
+        lambda o: TilingPass(
+            sm=o.sm, block_m=o.block_m, block_n=o.block_n, num_warps=o.num_warps, num_stages=o.num_stages
+        ),
+    ),
     ("convert-attn-to-tl", lambda o: ConvertAttnToTlPass()),
 ]
 """(stage name, how to build its pass from the pipeline's options, or None to skip it), in order."""

@@ -193,9 +193,7 @@ class _Executor:
 
     def _return(self, op: ReturnOp) -> tuple[torch.Tensor, torch.Tensor]:
         if len(op.arguments) != 1 or not isinstance(op.arguments[0].owner, attn.PVOp):
-            raise AttnFuseError(
-                f"@{self.func.sym_name.data} must return exactly one value, the result of attn.pv"
-            )
+            raise AttnFuseError(f"@{self.func.sym_name.data} must return exactly one value, the result of attn.pv")
         pv = op.arguments[0].owner
         probs = self.values[pv.p]
         assert isinstance(probs, _Probs)
@@ -264,8 +262,7 @@ class _Executor:
         p, v = probs.p, self.values[op.v]
         if v.shape[0] != p.shape[0] or v.shape[2] != p.shape[3]:
             raise AttnFuseError(
-                f"attn.pv: v must have batch {p.shape[0]} and {p.shape[3]} rows (k's), "
-                f"got shape {list(v.shape)}"
+                f"attn.pv: v must have batch {p.shape[0]} and {p.shape[3]} rows (k's), got shape {list(v.shape)}"
             )
         return p @ v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
 
@@ -288,9 +285,7 @@ class _Executor:
             keep = self._region(op, s)
         return _Scores(s.values, keep if s.keep is None else s.keep & keep)
 
-    def _document(
-        self, op: attn.MaskOp, s: _Scores, q_pos: torch.Tensor, kv_pos: torch.Tensor
-    ) -> torch.Tensor:
+    def _document(self, op: attn.MaskOp, s: _Scores, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
         ids = self.values[op.extras[0]]
         b, nq = s.values.shape[0], s.values.shape[2]
         if tuple(ids.shape) != (b, self.nk):
@@ -362,9 +357,7 @@ class _Executor:
             env[inner.results[0]] = self._region_op(inner, env, op)
         raise AttnFuseError(f"{op.name} region has no attn.yield")
 
-    def _region_op(
-        self, inner: Operation, env: dict[SSAValue, torch.Tensor], parent: Operation
-    ) -> torch.Tensor:
+    def _region_op(self, inner: Operation, env: dict[SSAValue, torch.Tensor], parent: Operation) -> torch.Tensor:
         if isinstance(inner, attn.ExtractOp):
             result = _extract(inner, [env[v] for v in inner.operands])
         elif inner.name == "arith.constant":

@@ -51,9 +51,7 @@ def inv_freq(
         ramp = ((torch.arange(r // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
         extrapolation = 1 - ramp
         freqs = (base / factor) * (1 - extrapolation) + base * extrapolation
-        attn_factor = params.get("attention_factor", 0.0) or (
-            0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        )
+        attn_factor = params.get("attention_factor", 0.0) or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
         return freqs, attn_factor
     raise ValueError(f"unknown rope scaling '{scaling}'")
 

@@ -83,10 +83,24 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
 '''
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
-RESERVED_NAMES = set(keyword.kwlist) | set(dir(builtins)) | {
-    "tl", "triton", "torch", "range", "float", "int", "launch", "_launch", "_rope_table", "_TABLES", "_BINARIES",
-    "_DRIVER",
-}
+RESERVED_NAMES = (
+    set(keyword.kwlist)
+    | set(dir(builtins))
+    | {
+        "tl",
+        "triton",
+        "torch",
+        "range",
+        "float",
+        "int",
+        "launch",
+        "_launch",
+        "_rope_table",
+        "_TABLES",
+        "_BINARIES",
+        "_DRIVER",
+    }
+)
 """Names a generated module uses itself (keywords, builtins, imports, its helpers): kernel
 values and launcher parameters must not take them."""
 
@@ -168,9 +182,11 @@ class TritonPrinter:
         if self.inlined(value):
             assert isinstance(owner, Operation)
             text = self.op_expr(owner)
-            operator = isinstance(owner, tl.CmpOp) or (
-                isinstance(owner, tl.BinaryOp) and not owner.FUNCTION
-            ) or (isinstance(owner, tl.UnaryOp) and owner.PREFIX)
+            operator = (
+                isinstance(owner, tl.CmpOp)
+                or (isinstance(owner, tl.BinaryOp) and not owner.FUNCTION)
+                or (isinstance(owner, tl.UnaryOp) and owner.PREFIX)
+            )
             return f"({text})" if operator else text
         return self.name(value)
 
@@ -257,8 +273,10 @@ class TritonPrinter:
             case tl.FullOp():
                 dims = ", ".join(e(d) for d in op.dims)
                 value = op.value
-                return (f"tl.full([{dims}], {_literal(value.value.data)}, "  # type: ignore[attr-defined]
-                        f"{dtype_name(tl.scalar_of(op.result.type))})")
+                return (
+                    f"tl.full([{dims}], {_literal(value.value.data)}, "  # type: ignore[attr-defined]
+                    f"{dtype_name(tl.scalar_of(op.result.type))})"
+                )
             case tl.CastOp():
                 return f"{e(op.input)}.to({dtype_name(tl.scalar_of(op.result.type))})"
             case tl.ExpandDimsOp():
@@ -321,17 +339,19 @@ class TritonPrinter:
             match h:
                 case tl.AllocOp():
                     shape = ", ".join(s.data for s in h.shape)
-                    self.line(f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, "
-                              f"device={h.device.data})")
+                    self.line(f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, device={h.device.data})")
                 case tl.RopeTableOp():
                     values = ", ".join(repr(float(v.value.data)) for v in h.values)
-                    self.line(f"{h.cos.data}, {h.sin.data} = _rope_table({h.cos.data!r}, [{values}], "
-                              f"{h.length.data}, {float(h.magnitude.value.data)!r}, {h.device.data})")
+                    self.line(
+                        f"{h.cos.data}, {h.sin.data} = _rope_table({h.cos.data!r}, [{values}], "
+                        f"{h.length.data}, {float(h.magnitude.value.data)!r}, {h.device.data})"
+                    )
                 case tl.CallOp():
                     grid = ", ".join(g.data for g in h.grid)
                     args = ", ".join(a.data for a in h.args)
-                    self.line(f"_launch({h.callee.data}, ({grid},), {h.num_warps.value.data}, "
-                              f"{h.num_stages.value.data},")
+                    self.line(
+                        f"_launch({h.callee.data}, ({grid},), {h.num_warps.value.data}, {h.num_stages.value.data},"
+                    )
                     self.line(f"        {args})")
                 case tl.HostReturnOp():
                     self.line(f"return {', '.join(v.data for v in h.values)}")

@@ -112,9 +112,7 @@ def gpt_oss(q, k, v, sinks):
     original context of 4096 with beta_fast 32, beta_slow 1 and truncate false,
     sliding_window 128): YaRN RoPE, a causal window of 128 positions and a learned
     sink logit per query head (`sinks`, float tensor [Hq]) in the softmax's normaliser."""
-    scaling = af.yarn_scaling(
-        factor=32.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, truncate=False
-    )
+    scaling = af.yarn_scaling(factor=32.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, truncate=False)
     q = af.rope(q, theta=150000.0, scaling=scaling)
     k = af.rope(k, theta=150000.0, scaling=scaling)
     s = af.mask(af.qk(q, k), af.sliding_window(128))

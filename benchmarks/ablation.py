@@ -42,8 +42,12 @@ from attnfuse.passes import tiling  # noqa: E402
 def steps(head_dim: int, sm: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, pipeline options) of the ablation's rows, in order."""
     small = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
-    large = {"block_m": 128, "block_n": 64 if head_dim <= 64 else 128,
-             "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
+    large = {
+        "block_m": 128,
+        "block_n": 64 if head_dim <= 64 else 128,
+        "num_warps": 4 if head_dim <= 64 else 8,
+        "num_stages": 2,
+    }
     if sm == 0:  # the interpreter: tiles that fit the smoke shapes
         small = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
         large = {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 1}
@@ -67,10 +71,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ns = [int(x) for x in args.ns.split(",")] if args.ns else ([64, 96] if args.cpu_smoke else list(C.SEQ_LENS[1:]))
     variant = C.VARIANTS["causal"]
     deadline = time.time() + args.budget_s
-    jobs = {(shape.name, n, label): C.KernelJob.make("causal", shape, n, sm, args.window, **opts)
-            for shape in shapes for n in ns for label, opts in steps(shape.head_dim, sm)}
-    built = C.build_all(list(jobs.values()), 0 if args.cpu_smoke else args.workers,
-                        timeout_s=max(30.0, args.budget_s / 2))
+    jobs = {
+        (shape.name, n, label): C.KernelJob.make("causal", shape, n, sm, args.window, **opts)
+        for shape in shapes
+        for n in ns
+        for label, opts in steps(shape.head_dim, sm)
+    }
+    built = C.build_all(
+        list(jobs.values()), 0 if args.cpu_smoke else args.workers, timeout_s=max(30.0, args.budget_s / 2)
+    )
     peers = BF.Peers("cpu" if args.cpu_smoke else "cuda", not args.cpu_smoke, None, args.window)
     runner = BF.Runner(args, peers, sm)
     device = "cpu" if args.cpu_smoke else "cuda"
@@ -86,25 +95,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for label, opts in steps(shape.head_dim, sm):
             b = built[jobs[(shape.name, n, label)]]
             config = opts or table_config(sm, shape.head_dim)
-            extra = {"step": label, "options": {**config, "causal_split": opts.get("causal_split", True)},
-                     "launch_params": b.launch_params}
+            extra = {
+                "step": label,
+                "options": {**config, "causal_split": opts.get("causal_split", True)},
+                "launch_params": b.launch_params,
+            }
             if b.source is None:
-                runner.rows.append({**base, "impl": "attnfuse", **extra, "ok": False, "ms": None, "status": "ERROR",
-                                    "error": b.error})
+                runner.rows.append(
+                    {**base, "impl": "attnfuse", **extra, "ok": False, "ms": None, "status": "ERROR", "error": b.error}
+                )
                 continue
             kern = C.load_source(b.source, interpret=args.cpu_smoke)
-            runner.measure(base, "attnfuse", lambda kern=kern, a=inputs.args: kern.launch(*a), ref, flops,
-                           computes="full", extra=extra)
+            runner.measure(
+                base,
+                "attnfuse",
+                lambda kern=kern, a=inputs.args: kern.launch(*a),
+                ref,
+                flops,
+                computes="full",
+                extra=extra,
+            )
         runner.peers_rows(variant, shape, n, inputs, ref, None, base, flops)
-    return {"rows": runner.rows, "steps": [s for s, _ in steps(shapes[0].head_dim, sm)] if shapes else [],
-            "shapes": {s.name: s.describe() for s in shapes}}
+    return {
+        "rows": runner.rows,
+        "steps": [s for s, _ in steps(shapes[0].head_dim, sm)] if shapes else [],
+        "shapes": {s.name: s.describe() for s in shapes},
+    }
 
 
 def markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
     rows = result["rows"]
     out = ["# Ablation (Table 3): plain causal forward, one step at a time", "", C.env_markdown(env), ""]
-    out.append("Each step adds one thing to the row above (benchmarks/ablation.py). Speed-up: over the "
-               "baseline; step: over the row above. flex and cuDNN timed in the same process.")
+    out.append(
+        "Each step adds one thing to the row above (benchmarks/ablation.py). Speed-up: over the "
+        "baseline; step: over the row above. flex and cuDNN timed in the same process."
+    )
     for shape in dict.fromkeys(r["shape"] for r in rows):
         ns = sorted({r["n"] for r in rows if r["shape"] == shape})
         out += ["", f"## {shape} ({result['shapes'][shape]})", ""]
@@ -113,8 +138,17 @@ def markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
         out.append("|---|---|" + "---|" * len(ns) + "---|---|")
 
         def get(impl: str, n: int, step: str | None = None, shape: str = shape) -> dict[str, Any] | None:
-            return next((r for r in rows if r["shape"] == shape and r["n"] == n and r["impl"] == impl
-                         and (step is None or r.get("step") == step)), None)
+            return next(
+                (
+                    r
+                    for r in rows
+                    if r["shape"] == shape
+                    and r["n"] == n
+                    and r["impl"] == impl
+                    and (step is None or r.get("step") == step)
+                ),
+                None,
+            )
 
         prev: dict[int, float | None] = {}
         for step in result["steps"]:
@@ -125,10 +159,12 @@ def markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
                 ms = r.get("ms") if r else None
                 if r and not config:
                     o = r["options"]
-                    config = (f"{o['block_m']}x{o['block_n']}, {o['num_warps']}w, {o['num_stages']}s"
-                              + ("" if o["causal_split"] else ", no split"))
-                cells.append(f"{C.fmt(ms)} ({C.fmt(r.get('tflops') if r else None, 0)})" if ms else
-                             (r["status"] if r else "—"))
+                    config = f"{o['block_m']}x{o['block_n']}, {o['num_warps']}w, {o['num_stages']}s" + (
+                        "" if o["causal_split"] else ", no split"
+                    )
+                cells.append(
+                    f"{C.fmt(ms)} ({C.fmt(r.get('tflops') if r else None, 0)})" if ms else (r["status"] if r else "—")
+                )
                 b = get("attnfuse", n, result["steps"][0])
                 ups.append(C.fmt(b["ms"] / ms, 2) if ms and b and b.get("ms") else "—")
                 step_ups.append(C.fmt(prev[n] / ms, 2) if ms and prev.get(n) else "—")
@@ -138,21 +174,35 @@ def markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
             rs = [get(impl, n) for n in ns]
             if not any(rs):
                 continue
-            cells = [f"{C.fmt(r.get('ms'))} ({C.fmt(r.get('tflops'), 0)})" if r and r.get("ms") else
-                     (r["status"] if r else "—") for r in rs]
+            cells = [
+                f"{C.fmt(r.get('ms'))} ({C.fmt(r.get('tflops'), 0)})"
+                if r and r.get("ms")
+                else (r["status"] if r else "—")
+                for r in rs
+            ]
             last = [get("attnfuse", n, result["steps"][-1]) for n in ns]
-            ratio = [C.fmt(r["ms"] / a["ms"], 2) if r and r.get("ms") and a and a.get("ms") else "—"
-                     for r, a in zip(rs, last, strict=True)]
+            ratio = [
+                C.fmt(r["ms"] / a["ms"], 2) if r and r.get("ms") and a and a.get("ms") else "—"
+                for r, a in zip(rs, last, strict=True)
+            ]
             out.append(f"| {impl} (reference) | — | {' | '.join(cells)} | AttnFuse vs it: {', '.join(ratio)} | |")
     wrong = [r for r in rows if r.get("status") != "ok"]
-    out += ["", f"{len(rows)} rows, {len(wrong)} not ok" + (": " + ", ".join(
-        f"{r['impl']} {r.get('step', '')} N={r['n']} {r['status']}" for r in wrong) if wrong else ".")]
+    out += [
+        "",
+        f"{len(rows)} rows, {len(wrong)} not ok"
+        + (
+            ": " + ", ".join(f"{r['impl']} {r.get('step', '')} N={r['n']} {r['status']}" for r in wrong)
+            if wrong
+            else "."
+        ),
+    ]
     return "\n".join(out) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path, help="folder for ablation.json and ablation.md")
     ap.add_argument("--shapes", default="paper", help="paper and/or llama (comma-separated)")
     ap.add_argument("--ns", default=None, help="sequence lengths (default 1024..16384)")
@@ -174,8 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     env = C.environment()
     args.out.mkdir(parents=True, exist_ok=True)
     result = run(args)
-    C.write_json(args.out / "ablation.json", {"environment": env, "args": {k: str(v) for k, v in vars(args).items()},
-                                              **result, "elapsed_s": round(time.time() - t0, 1)})
+    C.write_json(
+        args.out / "ablation.json",
+        {
+            "environment": env,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            **result,
+            "elapsed_s": round(time.time() - t0, 1),
+        },
+    )
     sm = 0 if args.cpu_smoke else C.device_sm()
     (args.out / "ablation.md").write_text(markdown(result, env, sm))
     C.log(f"ablation done in {time.time() - t0:.0f}s; wrote {args.out / 'ablation.md'}")

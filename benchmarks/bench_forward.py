@@ -168,8 +168,17 @@ class Runner:
         self.rows: list[dict[str, Any]] = []
         self.built: dict[C.KernelJob, C.Built] = {}
 
-    def measure(self, base: dict[str, Any], impl: str, fn: Callable[[], Any], ref: torch.Tensor,
-                flops: float, *, computes: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def measure(
+        self,
+        base: dict[str, Any],
+        impl: str,
+        fn: Callable[[], Any],
+        ref: torch.Tensor,
+        flops: float,
+        *,
+        computes: str,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Check fn()'s output against `ref`, then time it; one JSON row (errors caught)."""
         row = {**base, "impl": impl, "computes": computes, **(extra or {})}
         t0 = time.time()
@@ -199,17 +208,27 @@ class Runner:
         row["wall_s"] = round(time.time() - t0, 2)
         if row.get("ms") is not None or row["status"] != "ok":
             ms_txt = C.fmt(row.get("ms") or row.get("ms_unchecked"))
-            C.log(f"    {impl:22s} {row['status']:6s} {ms_txt:>9s} ms  "
-                  f"{C.fmt(row.get('tflops'), 1):>7s} TFLOP/s  max_abs={row.get('max_abs', float('nan')):.2e}  "
-                  f"({row['wall_s']:.1f}s)")
+            C.log(
+                f"    {impl:22s} {row['status']:6s} {ms_txt:>9s} ms  "
+                f"{C.fmt(row.get('tflops'), 1):>7s} TFLOP/s  max_abs={row.get('max_abs', float('nan')):.2e}  "
+                f"({row['wall_s']:.1f}s)"
+            )
         self.rows.append(row)
         return row
 
     def job(self, variant: C.BenchVariant, shape: C.Shape, n: int, mode: str) -> C.KernelJob:
         return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode=mode)
 
-    def attnfuse(self, variant: C.BenchVariant, shape: C.Shape, n: int, inputs: C.Inputs, ref: torch.Tensor,
-                 base: dict[str, Any], flops: float) -> None:
+    def attnfuse(
+        self,
+        variant: C.BenchVariant,
+        shape: C.Shape,
+        n: int,
+        inputs: C.Inputs,
+        ref: torch.Tensor,
+        base: dict[str, Any],
+        flops: float,
+    ) -> None:
         """Rows for AttnFuse: the auto mode and, with pre-matmul transforms, each forced
         rope-fusion mode (a mode whose source equals an earlier one's reuses its row)."""
         sources: dict[str, str] = {}
@@ -219,8 +238,18 @@ class Runner:
             job = self.job(variant, shape, n, mode)
             built = self.built.get(job) or C.build(job)
             if built.source is None:
-                self.rows.append({**base, "impl": impl, "mode": mode, "computes": "full", "ok": False, "ms": None,
-                                  "status": "ERROR", "error": built.error})
+                self.rows.append(
+                    {
+                        **base,
+                        "impl": impl,
+                        "mode": mode,
+                        "computes": "full",
+                        "ok": False,
+                        "ms": None,
+                        "status": "ERROR",
+                        "error": built.error,
+                    }
+                )
                 C.log(f"    {impl}: {built.error}")
                 continue
             sources[mode] = built.source
@@ -237,23 +266,44 @@ class Runner:
             try:
                 kern = C.load_source(built.source, interpret=self.interpret)
             except Exception as e:  # noqa: BLE001
-                self.rows.append({**base, "impl": impl, "computes": "full", "ok": False, "ms": None,
-                                  "status": "ERROR", "error": f"load: {type(e).__name__}: {e}"[:2000], **extra})
+                self.rows.append(
+                    {
+                        **base,
+                        "impl": impl,
+                        "computes": "full",
+                        "ok": False,
+                        "ms": None,
+                        "status": "ERROR",
+                        "error": f"load: {type(e).__name__}: {e}"[:2000],
+                        **extra,
+                    }
+                )
                 continue
-            measured[mode] = self.measure(base, impl, lambda kern=kern, a=inputs.args: kern.launch(*a), ref, flops,
-                                          computes="full", extra=extra)
+            measured[mode] = self.measure(
+                base, impl, lambda kern=kern, a=inputs.args: kern.launch(*a), ref, flops, computes="full", extra=extra
+            )
         if variant.has_pre and "auto" in measured:
             choice = next((m for m in ("fused", "prerotate") if sources.get(m) == sources["auto"]), "other")
             measured["auto"]["auto_choice"] = choice
 
-    def peers_rows(self, variant: C.BenchVariant, shape: C.Shape, n: int, inputs: C.Inputs,
-                   ref: torch.Tensor, ref_core: torch.Tensor | None, base: dict[str, Any], flops: float) -> None:
+    def peers_rows(
+        self,
+        variant: C.BenchVariant,
+        shape: C.Shape,
+        n: int,
+        inputs: C.Inputs,
+        ref: torch.Tensor,
+        ref_core: torch.Tensor | None,
+        base: dict[str, Any],
+        flops: float,
+    ) -> None:
         p = self.peers
         q, k, v = inputs.q, inputs.k, inputs.v
         core_ref = ref_core if variant.has_pre else ref
         flex = p.flex_call(variant, shape, n)
-        self.measure(base, "flex", lambda: flex(q, k, v), core_ref, flops,
-                     computes="core" if variant.has_pre else "full")
+        self.measure(
+            base, "flex", lambda: flex(q, k, v), core_ref, flops, computes="core" if variant.has_pre else "full"
+        )
         if variant.has_pre:
             pre = p.pre(variant, inputs)
 
@@ -266,23 +316,36 @@ class Runner:
             return
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        backends = {"sdpa_math": SDPBackend.MATH} if self.interpret else {
-            "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+        backends = (
+            {"sdpa_math": SDPBackend.MATH}
+            if self.interpret
+            else {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+        )
         group = shape.q_heads // shape.kv_heads
         for name, backend in backends.items():
             with sdpa_kernel([backend]):
                 gqa_note = self._sdpa_gqa_mode(shape, q, k, v)
                 if gqa_note == "enable_gqa" or not shape.gqa:
+
                     def attn(q2, k2):
                         return F.scaled_dot_product_attention(q2, k2, v, is_causal=True, enable_gqa=shape.gqa)
                 else:
+
                     def attn(q2, k2):
                         k3 = k2.repeat_interleave(group, dim=1)
                         v3 = v.repeat_interleave(group, dim=1)
                         return F.scaled_dot_product_attention(q2, k3, v3, is_causal=True)
+
                 extra = {"gqa": gqa_note} if shape.gqa else None
-                self.measure(base, name, lambda attn=attn: attn(q, k), core_ref, flops,
-                             computes="core" if variant.has_pre else "full", extra=extra)
+                self.measure(
+                    base,
+                    name,
+                    lambda attn=attn: attn(q, k),
+                    core_ref,
+                    flops,
+                    computes="core" if variant.has_pre else "full",
+                    extra=extra,
+                )
                 if variant.has_pre:
                     pre = p.pre(variant, inputs)
 
@@ -298,8 +361,7 @@ class Runner:
         if not shape.gqa:
             return "none"
         try:
-            F.scaled_dot_product_attention(q[:, :, :128], k[:, :, :128], v[:, :, :128], is_causal=True,
-                                           enable_gqa=True)
+            F.scaled_dot_product_attention(q[:, :, :128], k[:, :, :128], v[:, :, :128], is_causal=True, enable_gqa=True)
             return "enable_gqa"
         except Exception:  # noqa: BLE001
             return "repeat_interleave"
@@ -312,7 +374,7 @@ class Runner:
         ref = C.reference_formula(variant, inputs, window=window)
         ref_core = None
         if variant.has_pre:
-            core_inputs = C.Inputs(inputs.q, inputs.k, inputs.v, inputs.extras[2 if variant.qknorm else 0:])
+            core_inputs = C.Inputs(inputs.q, inputs.k, inputs.v, inputs.extras[2 if variant.qknorm else 0 :])
             ref_core = C.reference_formula(variant.core, core_inputs, window=window)
         if self.interpret:
             self.formula_vs_executor(variant, shape, inputs, ref, base)
@@ -323,16 +385,25 @@ class Runner:
             if row.get("n") == n and row.get("variant") == variant.name and row.get("shape") == shape.name:
                 row.setdefault("flops", flops)
 
-    def formula_vs_executor(self, variant: C.BenchVariant, shape: C.Shape, inputs: C.Inputs,
-                            ref: torch.Tensor, base: dict[str, Any]) -> None:
+    def formula_vs_executor(
+        self, variant: C.BenchVariant, shape: C.Shape, inputs: C.Inputs, ref: torch.Tensor, base: dict[str, Any]
+    ) -> None:
         """--cpu-smoke: the float32 formula must agree with attnfuse.reference on the IR."""
         from attnfuse.reference import run_reference
 
         expected = run_reference(C.make_ir(variant, shape, self.args.window), *inputs.args)
         err = float((ref.double() - expected).abs().max())
         ok = err < 1e-4
-        self.rows.append({**base, "impl": "formula_vs_reference_executor", "ok": ok, "max_abs": err,
-                          "status": "ok" if ok else "WRONG", "ms": None})
+        self.rows.append(
+            {
+                **base,
+                "impl": "formula_vs_reference_executor",
+                "ok": ok,
+                "max_abs": err,
+                "status": "ok" if ok else "WRONG",
+                "ms": None,
+            }
+        )
         C.log(f"    formula vs reference executor: max_abs={err:.2e} {'ok' if ok else 'WRONG'}")
 
 
@@ -340,8 +411,7 @@ class Runner:
 
 
 PEER_COLUMNS = ("flex", "rope+flex", "sdpa_flash", "rope+sdpa_flash", "sdpa_cudnn", "rope+sdpa_cudnn", "sdpa_math")
-SPEEDUPS = (("rope+flex", "rope+flex"), ("rope+sdpa_cudnn", "rope+cuDNN"), ("flex", "flex"),
-            ("sdpa_cudnn", "cuDNN"))
+SPEEDUPS = (("rope+flex", "rope+flex"), ("rope+sdpa_cudnn", "rope+cuDNN"), ("flex", "flex"), ("sdpa_cudnn", "cuDNN"))
 
 
 def cell(row: dict[str, Any] | None) -> str:
@@ -354,11 +424,14 @@ def cell(row: dict[str, Any] | None) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: argparse.Namespace, shapes: dict) -> str:
-    out = ["# Forward attention: AttnFuse vs flex_attention and SDPA\n", C.env_markdown(env),
-           f"\nCells: median ms (TFLOP/s). Speed-up = peer ms / AttnFuse (auto) ms; > 1: AttnFuse is faster. "
-           f"`flex`/`sdpa_*` on a RoPE variant compute it without RoPE/QK-norm; `rope+X` adds a separate "
-           f"torch.compile'd pre-transform. Sliding window = {args.window}. WRONG: output failed the check "
-           f"against the float32 formula (time not valid).\n"]
+    out = [
+        "# Forward attention: AttnFuse vs flex_attention and SDPA\n",
+        C.env_markdown(env),
+        f"\nCells: median ms (TFLOP/s). Speed-up = peer ms / AttnFuse (auto) ms; > 1: AttnFuse is faster. "
+        f"`flex`/`sdpa_*` on a RoPE variant compute it without RoPE/QK-norm; `rope+X` adds a separate "
+        f"torch.compile'd pre-transform. Sliding window = {args.window}. WRONG: output failed the check "
+        f"against the float32 formula (time not valid).\n",
+    ]
     for shape in shapes.values():
         for vname in PRIORITY:
             sel = [r for r in rows if r.get("shape") == shape.name and r.get("variant") == vname]
@@ -392,8 +465,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: argparse.Nam
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path, help="folder for forward.json and forward.md")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_NS}, variants {QUICK_VARIANTS}")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(C.VARIANTS)}")
@@ -401,10 +475,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ns", default=None, help="comma-separated sequence lengths")
     ap.add_argument("--skip", default="", help="comma-separated shape:N cases to leave out, e.g. paper:16384")
     ap.add_argument("--window", type=int, default=None, help=f"sliding window (default {C.WINDOW})")
-    ap.add_argument("--budget-s", type=float, default=450.0,
-                    help="stop starting new cases after this many seconds (results so far are written)")
-    ap.add_argument("--flex-dynamic", action="store_true",
-                    help="compile flex with dynamic=True (one compile for all N) instead of static shapes")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="stop starting new cases after this many seconds (results so far are written)",
+    )
+    ap.add_argument(
+        "--flex-dynamic",
+        action="store_true",
+        help="compile flex with dynamic=True (one compile for all N) instead of static shapes",
+    )
     C.add_measurement_args(ap)
     args = ap.parse_args(argv)
     if args.window is None:
@@ -440,17 +521,19 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(v, s, n) for v in variants for s in shapes.values() for n in ns if (s.name, str(n)) not in skip]
     sm = 0 if args.cpu_smoke else C.device_sm()
     env = C.environment()
-    C.log(f"bench_forward: {len(cases)} cases, sm {sm}, {env.get('gpu', 'cpu')}, torch {env['torch']}, "
-          f"triton {env['triton']}")
+    C.log(
+        f"bench_forward: {len(cases)} cases, sm {sm}, {env.get('gpu', 'cpu')}, torch {env['torch']}, "
+        f"triton {env['triton']}"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.cpu_smoke else "cuda"
-    peers = Peers(device, compiled=not args.cpu_smoke, flex_dynamic=True if args.flex_dynamic else False,
-                  window=args.window)
+    peers = Peers(
+        device, compiled=not args.cpu_smoke, flex_dynamic=True if args.flex_dynamic else False, window=args.window
+    )
     runner = Runner(args, peers, sm)
 
     jobs = [runner.job(v, s, n, mode) for v, s, n in cases for mode in attnfuse_modes(v)]
-    runner.built = C.build_all(jobs, 0 if args.cpu_smoke else args.workers,
-                               timeout_s=max(60.0, args.budget_s / 3))
+    runner.built = C.build_all(jobs, 0 if args.cpu_smoke else args.workers, timeout_s=max(60.0, args.budget_s / 3))
 
     json_path, md_path = args.out / "forward.json", args.out / "forward.md"
     skipped: list[str] = []
@@ -464,28 +547,49 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runner.case(v, s, n, seed=1000 * i + n)
         except Exception as e:  # noqa: BLE001
-            runner.rows.append({"shape": s.name, "variant": v.name, "n": n, "impl": "case", "status": "ERROR",
-                                "ok": False, "ms": None, "error": f"{type(e).__name__}: {e}"[:2000]})
+            runner.rows.append(
+                {
+                    "shape": s.name,
+                    "variant": v.name,
+                    "n": n,
+                    "impl": "case",
+                    "status": "ERROR",
+                    "ok": False,
+                    "ms": None,
+                    "error": f"{type(e).__name__}: {e}"[:2000],
+                }
+            )
             C.log(f"    case failed: {type(e).__name__}: {e}")
             if args.verbose:
                 traceback.print_exc()
         C.log(f"    case took {time.time() - t_case:.1f}s")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        result = {"environment": env, "args": {k: str(x) for k, x in vars(args).items()},
-                  "elapsed_s": round(time.time() - t_start, 1), "skipped_for_budget": skipped,
-                  "rows": runner.rows}
+        result = {
+            "environment": env,
+            "args": {k: str(x) for k, x in vars(args).items()},
+            "elapsed_s": round(time.time() - t_start, 1),
+            "skipped_for_budget": skipped,
+            "rows": runner.rows,
+        }
         C.write_json(json_path, result)
         md_path.write_text(markdown(runner.rows, env, args, shapes))
-    result = {"environment": env, "args": {k: str(x) for k, x in vars(args).items()},
-              "elapsed_s": round(time.time() - t_start, 1), "skipped_for_budget": skipped, "rows": runner.rows}
+    result = {
+        "environment": env,
+        "args": {k: str(x) for k, x in vars(args).items()},
+        "elapsed_s": round(time.time() - t_start, 1),
+        "skipped_for_budget": skipped,
+        "rows": runner.rows,
+    }
     C.write_json(json_path, result)
     md_path.write_text(markdown(runner.rows, env, args, shapes))
     if skipped:
         C.log(f"budget of {args.budget_s:.0f}s reached: skipped {len(skipped)} cases: {', '.join(skipped)}")
     bad = [r for r in runner.rows if r.get("status") in ("WRONG", "ERROR")]
-    C.log(f"bench_forward done in {time.time() - t_start:.0f}s: {len(runner.rows)} rows, {len(bad)} WRONG/ERROR; "
-          f"wrote {json_path} and {md_path}")
+    C.log(
+        f"bench_forward done in {time.time() - t_start:.0f}s: {len(runner.rows)} rows, {len(bad)} WRONG/ERROR; "
+        f"wrote {json_path} and {md_path}"
+    )
     for r in bad:
         err = (r.get("error") or "").splitlines()[0][:200] if r.get("error") else ""
         dev = f" max_abs={r['max_abs']:.2e}" if r.get("max_abs") is not None else ""

@@ -229,8 +229,9 @@ def make_inputs(variant: BenchVariant, shape: Shape, n: int, device: str | torch
 # ----------------------------------------------------------------------------- the formula
 
 
-def rope_tables(n: int, dim: int, device: str | torch.device, theta: float = ROPE_THETA,
-                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    n: int, dim: int, device: str | torch.device, theta: float = ROPE_THETA, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, float32 [n, dim / 2], of positions start..start+n-1 for half-style
     RoPE with rotary_dim = dim (angles computed in float64)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -261,8 +262,9 @@ def keep_mask(variant: BenchVariant, nq: int, nk: int, device: str | torch.devic
     return (dist >= 0) & (dist < window)
 
 
-def reference_formula(variant: BenchVariant, inputs: Inputs, *, window: int = WINDOW,
-                      chunk_bytes: float = 2e9) -> torch.Tensor:
+def reference_formula(
+    variant: BenchVariant, inputs: Inputs, *, window: int = WINDOW, chunk_bytes: float = 2e9
+) -> torch.Tensor:
     """The variant's output [B, Hq, Nq, D] in float32, written directly in PyTorch
     (independent of the attn reference executor and of the compiler), a few heads at a
     time so that the [heads, Nq, Nk] score block stays under `chunk_bytes`. Matmuls run
@@ -278,7 +280,7 @@ def reference_formula(variant: BenchVariant, inputs: Inputs, *, window: int = WI
         q, k = rms_norm(q, wq), rms_norm(k, wk)
     if variant.rope:
         cos_k, sin_k = rope_tables(nk, d, q.device)
-        q = rope_half(q, cos_k[nk - nq:], sin_k[nk - nq:])
+        q = rope_half(q, cos_k[nk - nq :], sin_k[nk - nq :])
         k = rope_half(k, cos_k, sin_k)
     slopes = extras.pop(0).float() if variant.alibi else None
     masked = ~keep_mask(variant, nq, nk, q.device, window)
@@ -522,16 +524,17 @@ def build_all(jobs: Sequence[KernelJob], workers: int, timeout_s: float = 240.0)
                 if errors.get(b.source or ""):
                     built[j] = dataclasses.replace(b, error=errors[b.source])
         except Exception as e:  # noqa: BLE001 - a broken pool or a timeout only costs time
-            log(f"build_all: pool stopped after {time.time() - t0:.0f}s ({_error_text(e)}); "
-                f"compiling the rest here")
+            log(f"build_all: pool stopped after {time.time() - t0:.0f}s ({_error_text(e)}); compiling the rest here")
         finally:
             ex.shutdown(wait=False, cancel_futures=True)
     for j in unique:
         if j not in built:
             built[j] = build(j)
     failed = sum(1 for b in built.values() if b.error)
-    log(f"build_all: {len(unique)} jobs, {len({b.source for b in built.values()} - {None})} distinct sources, "
-        f"{warmed} warmed up in {workers} workers, {time.time() - t0:.1f}s, {failed} with errors")
+    log(
+        f"build_all: {len(unique)} jobs, {len({b.source for b in built.values()} - {None})} distinct sources, "
+        f"{warmed} warmed up in {workers} workers, {time.time() - t0:.1f}s, {failed} with errors"
+    )
     return built
 
 
@@ -561,8 +564,12 @@ def raise_recompile_limits() -> None:
     (N, mask) pair of the benchmark is one, so raise the limits."""
     import torch._dynamo.config as cfg
 
-    for name, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
-                        ("accumulated_recompile_limit", 4096), ("accumulated_cache_size_limit", 4096)):
+    for name, value in (
+        ("recompile_limit", 1024),
+        ("cache_size_limit", 1024),
+        ("accumulated_recompile_limit", 4096),
+        ("accumulated_cache_size_limit", 4096),
+    ):
         if hasattr(cfg, name):
             setattr(cfg, name, value)
 
@@ -571,8 +578,9 @@ def add_measurement_args(ap: argparse.ArgumentParser) -> None:
     """The options every measuring script shares: precompile workers, --cpu-smoke, do_bench
     settings, the output check's tolerances and --verbose."""
     ap.add_argument("--workers", type=int, default=12, help="processes that precompile the AttnFuse kernels")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="no GPU: tiny shapes, generated kernels under the Triton interpreter")
+    ap.add_argument(
+        "--cpu-smoke", action="store_true", help="no GPU: tiny shapes, generated kernels under the Triton interpreter"
+    )
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
     ap.add_argument("--atol", type=float, default=ATOL)
@@ -601,9 +609,13 @@ def environment() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, sm=device_sm(), multiprocessors=props.multi_processor_count,
-                   memory_gib=round(props.total_memory / 2**30, 1),
-                   cudnn=torch.backends.cudnn.version())
+        env.update(
+            gpu=props.name,
+            sm=device_sm(),
+            multiprocessors=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cudnn=torch.backends.cudnn.version(),
+        )
     env["nvidia_smi"] = nvidia_smi()
     return env
 
@@ -612,9 +624,14 @@ def nvidia_smi() -> str:
     """`nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,...` (CSV), or why not."""
     try:
         r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,power.limit,"
-             "temperature.gpu", "--format=csv"],
-            capture_output=True, text=True, timeout=20,
+            [
+                "nvidia-smi",
+                "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,power.limit,temperature.gpu",
+                "--format=csv",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         return (r.stdout or r.stderr).strip()
     except Exception as e:  # noqa: BLE001
@@ -632,10 +649,12 @@ def write_json(path: Path, obj: Any) -> None:
 
 def env_markdown(env: dict[str, Any]) -> str:
     """The environment as a few markdown lines."""
-    lines = [f"- date (UTC): {env.get('date_utc')}",
-             f"- GPU: {env.get('gpu', 'none')} (sm {env.get('sm', '-')}, {env.get('multiprocessors', '-')} SMs)",
-             f"- torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
-             f"cuDNN {env.get('cudnn', '-')}"]
+    lines = [
+        f"- date (UTC): {env.get('date_utc')}",
+        f"- GPU: {env.get('gpu', 'none')} (sm {env.get('sm', '-')}, {env.get('multiprocessors', '-')} SMs)",
+        f"- torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
+        f"cuDNN {env.get('cudnn', '-')}",
+    ]
     smi = env.get("nvidia_smi", "")
     if smi:
         lines.append("- nvidia-smi: " + " | ".join(smi.splitlines()))
@@ -653,8 +672,7 @@ def progress(items: Iterable[Any], total: int, desc: str) -> Iterator[Any]:
     except ImportError:
         tqdm = None
     if tqdm is not None:
-        yield from tqdm(items, total=total, desc=desc, file=sys.stdout, mininterval=1.0, dynamic_ncols=False,
-                        ncols=100)
+        yield from tqdm(items, total=total, desc=desc, file=sys.stdout, mininterval=1.0, dynamic_ncols=False, ncols=100)
         return
     for i, item in enumerate(items, 1):
         log(f"[{desc}] {i}/{total}")

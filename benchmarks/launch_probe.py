@@ -71,13 +71,16 @@ def _no_op_hook(*args):
 
 def measure(var, q, k, v) -> dict[str, float]:
     launch = var.compile(q, k, v).launch
-    res = {"variant call us": per_call_us(lambda: var(q, k, v)),
-           "launch() us": per_call_us(lambda: launch(q, k, v)),
-           "3x torch.empty us": per_call_us(lambda: (torch.empty_like(q), torch.empty_like(k),
-                                                     torch.empty(q.shape[:3], device=q.device))),
-           "do_bench variant ms": gpu_ms(lambda: var(q, k, v)),
-           "do_bench launch ms": gpu_ms(lambda: launch(q, k, v)),
-           "cuda graph launch ms": graph_ms(lambda: launch(q, k, v))}
+    res = {
+        "variant call us": per_call_us(lambda: var(q, k, v)),
+        "launch() us": per_call_us(lambda: launch(q, k, v)),
+        "3x torch.empty us": per_call_us(
+            lambda: (torch.empty_like(q), torch.empty_like(k), torch.empty(q.shape[:3], device=q.device))
+        ),
+        "do_bench variant ms": gpu_ms(lambda: var(q, k, v)),
+        "do_bench launch ms": gpu_ms(lambda: launch(q, k, v)),
+        "cuda graph launch ms": graph_ms(lambda: launch(q, k, v)),
+    }
     triton.knobs.runtime.launch_enter_hook.add(_no_op_hook)
     try:
         res["JIT path: variant call us"] = per_call_us(lambda: var(q, k, v))
@@ -96,8 +99,10 @@ def main():
             v = torch.randn_like(k)
             for var in (causal, rope_causal):
                 res = measure(var, q, k, v)
-                print(f"{shape.name} N={n} {var.__name__}: " + ", ".join(
-                    f"{k2} {v2:.4g}" for k2, v2 in res.items()), flush=True)
+                print(
+                    f"{shape.name} N={n} {var.__name__}: " + ", ".join(f"{k2} {v2:.4g}" for k2, v2 in res.items()),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

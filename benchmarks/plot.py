@@ -119,14 +119,17 @@ def caption(env: dict[str, Any], source: Path) -> str:
     clocks = ""
     lines = smi.splitlines()
     if len(lines) == 2:
-        fields = dict(zip((h.strip() for h in lines[0].split(",")), (v.strip() for v in lines[1].split(",")),
-                          strict=False))
+        fields = dict(
+            zip((h.strip() for h in lines[0].split(",")), (v.strip() for v in lines[1].split(",")), strict=False)
+        )
         sm, sm_max = fields.get("clocks.current.sm [MHz]"), fields.get("clocks.max.sm [MHz]")
         if sm and sm_max:
             clocks = f", SM clock {sm} before the run (max {sm_max})"
-    return (f"{env.get('gpu', 'unknown GPU')} (sm {env.get('sm', '?')}){clocks}; torch {env.get('torch')}, "
-            f"triton {env.get('triton')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn', '-')}; "
-            f"do_bench medians; data: {source}")
+    return (
+        f"{env.get('gpu', 'unknown GPU')} (sm {env.get('sm', '?')}){clocks}; torch {env.get('torch')}, "
+        f"triton {env.get('triton')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn', '-')}; "
+        f"do_bench medians; data: {source}"
+    )
 
 
 def setup_axis(ax: Any, ns: Sequence[int]) -> None:
@@ -139,8 +142,9 @@ def setup_axis(ax: Any, ns: Sequence[int]) -> None:
     ax.grid(True, which="major", alpha=0.3)
     small = [n for n in ns if n <= NOISY_N]
     if small:
-        ax.axvspan(min(ns) / 1.3, max(small) * 1.3, color="0.92", zorder=0,
-                   label=f"N ≤ {NOISY_N}: launch-dominated, noisy")
+        ax.axvspan(
+            min(ns) / 1.3, max(small) * 1.3, color="0.92", zorder=0, label=f"N ≤ {NOISY_N}: launch-dominated, noisy"
+        )
 
 
 def title(env: dict[str, Any], what: str) -> str:
@@ -157,8 +161,9 @@ def save(plt: Any, fig: Any, heading: str, footer: str, path: Path) -> Path:
     return path
 
 
-def plot_speedup(plt: Any, table: dict, env: dict[str, Any], variant: str, shapes: list[str],
-                 source: Path, out: Path) -> Path | None:
+def plot_speedup(
+    plt: Any, table: dict, env: dict[str, Any], variant: str, shapes: list[str], source: Path, out: Path
+) -> Path | None:
     """speedup_<variant>.png: AttnFuse (auto) over each peer, one panel per shape."""
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
@@ -191,8 +196,9 @@ def plot_speedup(plt: Any, table: dict, env: dict[str, Any], variant: str, shape
         ax.set_yscale("log")
         lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
         ax.set_ylim(lo / 1.25, hi * 1.25)
-        ticks = [t for t in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0)
-                 if lo / 1.25 <= t <= hi * 1.25]
+        ticks = [
+            t for t in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0) if lo / 1.25 <= t <= hi * 1.25
+        ]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
         ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_formatter(ScalarFormatter())
@@ -202,12 +208,18 @@ def plot_speedup(plt: Any, table: dict, env: dict[str, Any], variant: str, shape
     note = ""
     if any((s, variant, "rope+flex") in table for s in present):
         note = " (plain flex / cuDNN compute it without RoPE)"
-    return save(plt, fig, title(env, f"AttnFuse forward speed-up, {variant}{note}"), caption(env, source),
-                out / f"speedup_{variant}.png")
+    return save(
+        plt,
+        fig,
+        title(env, f"AttnFuse forward speed-up, {variant}{note}"),
+        caption(env, source),
+        out / f"speedup_{variant}.png",
+    )
 
 
-def plot_tflops(plt: Any, table: dict, env: dict[str, Any], shapes: list[str], source: Path,
-                out: Path, variant: str = "rope_causal") -> Path | None:
+def plot_tflops(
+    plt: Any, table: dict, env: dict[str, Any], shapes: list[str], source: Path, out: Path, variant: str = "rope_causal"
+) -> Path | None:
     """tflops_<variant>.png: TFLOP/s of AttnFuse and the peers, one panel per shape."""
     present = [s for s in shapes if (s, variant, "attnfuse") in table]
     if not present:
@@ -221,18 +233,33 @@ def plot_tflops(plt: Any, table: dict, env: dict[str, Any], shapes: list[str], s
             if not rows:
                 continue
             xs = [n for n in ns if n in rows and rows[n].get("tflops")]
-            ax.plot(xs, [rows[n]["tflops"] for n in xs], linestyle=style, marker=marker, color=colour,
-                    label=label, linewidth=2.0 if key == "attnfuse" else 1.2)
+            ax.plot(
+                xs,
+                [rows[n]["tflops"] for n in xs],
+                linestyle=style,
+                marker=marker,
+                color=colour,
+                label=label,
+                linewidth=2.0 if key == "attnfuse" else 1.2,
+            )
         target_n, target = LLAMA_TFLOPS_TARGET
         if shape == "llama" and variant == "rope_causal" and target_n in ns:
-            ax.plot([target_n], [target], linestyle="none", marker="*", markersize=14, color="tab:purple",
-                    label=f"target ≥ {target:.0f} TFLOP/s at N={target_n}")
+            ax.plot(
+                [target_n],
+                [target],
+                linestyle="none",
+                marker="*",
+                markersize=14,
+                color="tab:purple",
+                label=f"target ≥ {target:.0f} TFLOP/s at N={target_n}",
+            )
         ax.set_ylim(bottom=0)
         ax.set_ylabel("TFLOP/s (4·B·Hq·D·N²/2 per forward)")
         ax.set_title(SHAPE_LABELS.get(shape, shape), fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
-    return save(plt, fig, title(env, f"Forward TFLOP/s, {variant}"), caption(env, source),
-                out / f"tflops_{variant}.png")
+    return save(
+        plt, fig, title(env, f"Forward TFLOP/s, {variant}"), caption(env, source), out / f"tflops_{variant}.png"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

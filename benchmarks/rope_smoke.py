@@ -2,6 +2,7 @@
 # ruff: noqa: B023
 """First H200 measurement of the RoPE+causal kernel: correctness on CUDA (fp16, bf16, both
 rope-fusion modes) against the reference, then timings against SDPA cuDNN and flash."""
+
 import importlib.util
 import os
 import tempfile
@@ -52,7 +53,6 @@ def rope_torch(x, inv, pos):
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h].float(), x[..., h:].float()
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(x.dtype)
-
 
 
 # correctness

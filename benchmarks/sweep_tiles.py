@@ -79,18 +79,26 @@ class Config:
         return f"BM{self.block_m}/BN{self.block_n}/w{self.num_warps}/s{self.num_stages}"
 
     def options(self) -> dict[str, int]:
-        return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
-                "num_stages": self.num_stages}
+        return {
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
 
 
 def configs(block_ms: list[int], block_ns: list[int], warps: list[int], stages: list[int]) -> list[Config]:
     """The configuration grid, pruned to BLOCK_N <= 128 and BLOCK_N <= BLOCK_M."""
-    return [Config(bm, bn, w, s) for bm, bn, w, s in itertools.product(block_ms, block_ns, warps, stages)
-            if bn <= 128 and bn <= bm]
+    return [
+        Config(bm, bn, w, s)
+        for bm, bn, w, s in itertools.product(block_ms, block_ns, warps, stages)
+        if bn <= 128 and bn <= bm
+    ]
 
 
-def run_checked(source: str, inputs: C.Inputs, ref: torch.Tensor, args: argparse.Namespace,
-                flops: float) -> dict[str, Any]:
+def run_checked(
+    source: str, inputs: C.Inputs, ref: torch.Tensor, args: argparse.Namespace, flops: float
+) -> dict[str, Any]:
     """Load, run once, check against `ref`, time: a row's measurement fields."""
     row: dict[str, Any] = {}
     try:
@@ -117,26 +125,48 @@ def run_checked(source: str, inputs: C.Inputs, ref: torch.Tensor, args: argparse
 # ----------------------------------------------------------------------------- tiles
 
 
-def sweep(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], points: dict[str, int],
-          entries: list[Entry], grid: list[Config], deadline: float) -> dict[str, Any]:
+def sweep(
+    args: argparse.Namespace,
+    sm: int,
+    shapes: dict[str, C.Shape],
+    points: dict[str, int],
+    entries: list[Entry],
+    grid: list[Config],
+    deadline: float,
+) -> dict[str, Any]:
     device = "cpu" if args.cpu_smoke else "cuda"
-    points_list = [(entry, shape, points[shape.name], cfg) for shape in shapes.values() for entry in entries
-                   for cfg in grid]
+    points_list = [
+        (entry, shape, points[shape.name], cfg) for shape in shapes.values() for entry in entries for cfg in grid
+    ]
 
     def job(entry: Entry, shape: C.Shape, n: int, cfg: Config) -> C.KernelJob:
-        return C.KernelJob.make(entry.variant, shape, n, sm, args.window, rope_mode=entry.rope_mode,
-                                **cfg.options())
+        return C.KernelJob.make(entry.variant, shape, n, sm, args.window, rope_mode=entry.rope_mode, **cfg.options())
 
-    built = C.build_all([job(*p) for p in points_list], 0 if args.cpu_smoke else args.workers,
-                        timeout_s=max(30.0, deadline - time.time() - 60))
+    built = C.build_all(
+        [job(*p) for p in points_list],
+        0 if args.cpu_smoke else args.workers,
+        timeout_s=max(30.0, deadline - time.time() - 60),
+    )
     rows: list[dict[str, Any]] = []
     plan = []
     for entry, shape, n, cfg in points_list:
         b = built[job(entry, shape, n, cfg)]
         if b.source is None:
-            rows.append({"entry": entry.label, "class": entry.cls, "shape": shape.name, "head_dim": shape.head_dim,
-                         "n": n, "config": cfg.key(), **cfg.options(), "status": "ERROR", "ok": False, "ms": None,
-                         "error": b.error})
+            rows.append(
+                {
+                    "entry": entry.label,
+                    "class": entry.cls,
+                    "shape": shape.name,
+                    "head_dim": shape.head_dim,
+                    "n": n,
+                    "config": cfg.key(),
+                    **cfg.options(),
+                    "status": "ERROR",
+                    "ok": False,
+                    "ms": None,
+                    "error": b.error,
+                }
+            )
         else:
             plan.append((entry, shape, n, cfg, b.source, b.launch_params))
     plan = interleave(plan, sm)
@@ -153,12 +183,22 @@ def sweep(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], points:
             inputs_ref[key] = (inputs, C.reference_formula(variant, inputs, window=args.window))
         inputs, ref = inputs_ref[key]
         flops = C.attention_flops(C.VARIANTS[entry.variant], shape, n, n, args.window)
-        row = {"entry": entry.label, "class": entry.cls, "shape": shape.name, "head_dim": shape.head_dim, "n": n,
-               "config": cfg.key(), **cfg.options(), "launch_params": params,
-               **run_checked(src, inputs, ref, args, flops)}
+        row = {
+            "entry": entry.label,
+            "class": entry.cls,
+            "shape": shape.name,
+            "head_dim": shape.head_dim,
+            "n": n,
+            "config": cfg.key(),
+            **cfg.options(),
+            "launch_params": params,
+            **run_checked(src, inputs, ref, args, flops),
+        }
         if row["status"] != "ok":
-            C.log(f"  {entry.label} {shape.name} {cfg.key()}: {row['status']} "
-                  f"{(row.get('error') or '').splitlines()[0][:200] if row.get('error') else ''}")
+            C.log(
+                f"  {entry.label} {shape.name} {cfg.key()}: {row['status']} "
+                f"{(row.get('error') or '').splitlines()[0][:200] if row.get('error') else ''}"
+            )
         rows.append(row)
     if skipped:
         C.log(f"tile sweep: time budget reached, {skipped} configurations not measured")
@@ -192,28 +232,42 @@ def winners(rows: list[dict[str, Any]], entries: list[Entry], shapes: dict[str, 
             best = min(sel, key=lambda r: r["ms"])
             default = Config(*tiling.lookup(sm, shape.head_dim, entry.cls))
             base = next((r for r in sel if r["config"] == default.key()), None)
-            out.append({
-                "entry": entry.label, "class": entry.cls, "shape": shape.name, "head_dim": shape.head_dim,
-                "n": best["n"], "best": best["config"], "best_ms": best["ms"], "best_tflops": best.get("tflops"),
-                "best_tuple": [best["block_m"], best["block_n"], best["num_warps"], best["num_stages"]],
-                "table_default": default.key(), "default_ms": base["ms"] if base else None,
-                "speedup_vs_default": (base["ms"] / best["ms"]) if base else None,
-                "measured": len(sel),
-            })
+            out.append(
+                {
+                    "entry": entry.label,
+                    "class": entry.cls,
+                    "shape": shape.name,
+                    "head_dim": shape.head_dim,
+                    "n": best["n"],
+                    "best": best["config"],
+                    "best_ms": best["ms"],
+                    "best_tflops": best.get("tflops"),
+                    "best_tuple": [best["block_m"], best["block_n"], best["num_warps"], best["num_stages"]],
+                    "table_default": default.key(),
+                    "default_ms": base["ms"] if base else None,
+                    "speedup_vs_default": (base["ms"] / best["ms"]) if base else None,
+                    "measured": len(sel),
+                }
+            )
     return out
 
 
 def tiles_markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
-    out = ["# Tile sweep\n", C.env_markdown(env),
-           "\nMedian ms (TFLOP/s) per configuration; WRONG/ERROR configurations are excluded from the winners. "
-           "Entries: a variant and its rope-fusion mode; `class` is the `tiling` table's variant class.\n",
-           "\n## Winners\n",
-           "| entry | class | shape (D) | N | best | ms | TFLOP/s | table default | default ms | best / default |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "# Tile sweep\n",
+        C.env_markdown(env),
+        "\nMedian ms (TFLOP/s) per configuration; WRONG/ERROR configurations are excluded from the winners. "
+        "Entries: a variant and its rope-fusion mode; `class` is the `tiling` table's variant class.\n",
+        "\n## Winners\n",
+        "| entry | class | shape (D) | N | best | ms | TFLOP/s | table default | default ms | best / default |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in result["winners"]:
-        out.append(f"| {w['entry']} | {w['class']} | {w['shape']} ({w['head_dim']}) | {w['n']} | {w['best']} | "
-                   f"{w['best_ms']:.3f} | {C.fmt(w['best_tflops'], 0)} | {w['table_default']} | "
-                   f"{C.fmt(w['default_ms'])} | {C.fmt(w['speedup_vs_default'], 2)}× |")
+        out.append(
+            f"| {w['entry']} | {w['class']} | {w['shape']} ({w['head_dim']}) | {w['n']} | {w['best']} | "
+            f"{w['best_ms']:.3f} | {C.fmt(w['best_tflops'], 0)} | {w['table_default']} | "
+            f"{C.fmt(w['default_ms'])} | {C.fmt(w['speedup_vs_default'], 2)}× |"
+        )
     # The table lines the winners suggest: one per (class, head-dim bucket); for `plain`
     # both plain causal and prerotated RoPE fall in the class, plain causal decides.
     suggestions: dict[tuple[int, int, str], tuple[list[int], str]] = {}
@@ -225,14 +279,17 @@ def tiles_markdown(result: dict[str, Any], env: dict[str, Any], sm: int) -> str:
     if suggestions:
         out += ["\n## Suggested `TILING_TABLE` entries\n", "```python"]
         for (s, d, cls), (t, entry) in sorted(suggestions.items()):
-            out.append(f"    ({s}, {d}, \"{cls}\"): ({t[0]}, {t[1]}, {t[2]}, {t[3]}),  # from {entry}")
+            out.append(f'    ({s}, {d}, "{cls}"): ({t[0]}, {t[1]}, {t[2]}, {t[3]}),  # from {entry}')
         out.append("```")
     for shape_name in sorted({r["shape"] for r in result["rows"]}):
         for entry in sorted({r["entry"] for r in result["rows"] if r["shape"] == shape_name}):
             sel = [r for r in result["rows"] if r["shape"] == shape_name and r["entry"] == entry]
             sel.sort(key=lambda r: (r.get("ms") is None, r.get("ms") or 0))
-            out += [f"\n## {entry}, {shape_name} (D={sel[0]['head_dim']}, N={sel[0]['n']})\n",
-                    "| config | ms | TFLOP/s | status |", "|---|---|---|---|"]
+            out += [
+                f"\n## {entry}, {shape_name} (D={sel[0]['head_dim']}, N={sel[0]['n']})\n",
+                "| config | ms | TFLOP/s | status |",
+                "|---|---|---|---|",
+            ]
             for r in sel:
                 out.append(f"| {r['config']} | {C.fmt(r.get('ms'))} | {C.fmt(r.get('tflops'), 0)} | {r['status']} |")
     return "\n".join(out) + "\n"
@@ -246,10 +303,12 @@ def predicted_crossover(sm: int, shape: C.Shape, block_m: int) -> dict[str, Any]
     batch and the fused kernel's BLOCK_M (when the model takes them)."""
     model_sm = sm if sm else 90
     out: dict[str, Any] = {
-        "as_pass_calls_it": rope_fusion.crossover(model_sm, shape.q_heads, shape.kv_heads, shape.head_dim, True)}
+        "as_pass_calls_it": rope_fusion.crossover(model_sm, shape.q_heads, shape.kv_heads, shape.head_dim, True)
+    }
     try:
         out["with_batch_and_block_m"] = rope_fusion.crossover(
-            model_sm, shape.q_heads, shape.kv_heads, shape.head_dim, True, block_m=block_m, batch=shape.batch)
+            model_sm, shape.q_heads, shape.kv_heads, shape.head_dim, True, block_m=block_m, batch=shape.batch
+        )
     except TypeError as e:
         out["with_batch_and_block_m"] = f"n/a ({e})"
     return out
@@ -258,27 +317,33 @@ def predicted_crossover(sm: int, shape: C.Shape, block_m: int) -> dict[str, Any]
 def predicted_costs(sm: int, shape: C.Shape, n: int, block_m: int) -> tuple[float | None, float | None]:
     """(fused, prerotate) extra microseconds the Rotation Calculus predicts for K."""
     try:
-        fused, pre = rope_fusion.rotation_costs(sm or 90, n, shape.q_heads, shape.kv_heads, shape.head_dim, True,
-                                                block_m=block_m, batch=shape.batch)
+        fused, pre = rope_fusion.rotation_costs(
+            sm or 90, n, shape.q_heads, shape.kv_heads, shape.head_dim, True, block_m=block_m, batch=shape.batch
+        )
         return fused * 1e6, pre * 1e6
     except Exception:  # noqa: BLE001 - the model's signature may change; the report says so
         return None, None
 
 
-def rotation(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], ns: list[int],
-             deadline: float) -> dict[str, Any]:
+def rotation(
+    args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], ns: list[int], deadline: float
+) -> dict[str, Any]:
     device = "cpu" if args.cpu_smoke else "cuda"
     rope_v, plain_v = C.VARIANTS["rope_causal"], C.VARIANTS["causal"]
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     kinds = (("plain", plain_v, "auto"), ("fused", rope_v, "fused"), ("prerotate", rope_v, "prerotate"))
+
     def job(shape: C.Shape, n: int, variant: C.BenchVariant, mode: str) -> C.KernelJob:
         return C.KernelJob.make(variant.name, shape, n, sm, args.window, rope_mode=mode)
 
-    wanted = [job(shape, n, v, mode) for shape in shapes.values() for n in ns
-              for _, v, mode in (*kinds, ("auto", rope_v, "auto"))]
-    built = C.build_all(wanted, 0 if args.cpu_smoke else args.workers,
-                        timeout_s=max(30.0, deadline - time.time() - 30))
+    wanted = [
+        job(shape, n, v, mode)
+        for shape in shapes.values()
+        for n in ns
+        for _, v, mode in (*kinds, ("auto", rope_v, "auto"))
+    ]
+    built = C.build_all(wanted, 0 if args.cpu_smoke else args.workers, timeout_s=max(30.0, deadline - time.time() - 30))
     plan: dict[tuple[str, int, str], tuple[str, dict]] = {}
     auto_choice: dict[tuple[str, int], str] = {}
     for shape in shapes.values():
@@ -286,13 +351,20 @@ def rotation(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], ns: 
             for kind, v, mode in kinds:
                 b = built[job(shape, n, v, mode)]
                 if b.source is None:
-                    rows.append({"shape": shape.name, "n": n, "kind": kind, "status": "ERROR", "ms": None,
-                                 "error": b.error})
+                    rows.append(
+                        {"shape": shape.name, "n": n, "kind": kind, "status": "ERROR", "ms": None, "error": b.error}
+                    )
                 else:
                     plan[(shape.name, n, kind)] = (b.source, b.launch_params)
             auto = built[job(shape, n, rope_v, "auto")]
-            auto_choice[(shape.name, n)] = f"error: {auto.error}" if auto.source is None else next(
-                (k for k in ("fused", "prerotate") if plan.get((shape.name, n, k), ("",))[0] == auto.source), "other")
+            auto_choice[(shape.name, n)] = (
+                f"error: {auto.error}"
+                if auto.source is None
+                else next(
+                    (k for k in ("fused", "prerotate") if plan.get((shape.name, n, k), ("",))[0] == auto.source),
+                    "other",
+                )
+            )
     for shape in shapes.values():
         fused_bm = tiling.lookup(sm or 90, shape.head_dim, "kloop")[0]
         measured: dict[tuple[int, str], float | None] = {}
@@ -310,23 +382,36 @@ def rotation(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], ns: 
                     refs[v.name] = C.reference_formula(v, inputs, window=args.window)
                 ref = refs[v.name]
                 flops = C.attention_flops(v, shape, n, n, args.window)
-                row = {"shape": shape.name, "n": n, "kind": kind, "launch_params": params,
-                       **run_checked(src, inputs, ref, args, flops)}
+                row = {
+                    "shape": shape.name,
+                    "n": n,
+                    "kind": kind,
+                    "launch_params": params,
+                    **run_checked(src, inputs, ref, args, flops),
+                }
                 rows.append(row)
                 measured[(n, kind)] = row.get("ms")
             del refs
             f_us, p_us = predicted_costs(sm, shape, n, fused_bm)
             t_plain, t_fused, t_pre = (measured.get((n, k)) for k in ("plain", "fused", "prerotate"))
             faster = None if not (t_fused and t_pre) else ("fused" if t_fused <= t_pre else "prerotate")
-            summary.append({
-                "shape": shape.name, "n": n, "plain_ms": t_plain, "fused_ms": t_fused, "prerotate_ms": t_pre,
-                "speedup_fused_over_prerotate": (t_pre / t_fused) if t_fused and t_pre else None,
-                "fused_overhead_us": (t_fused - t_plain) * 1e3 if t_fused and t_plain else None,
-                "prerotate_overhead_us": (t_pre - t_plain) * 1e3 if t_pre and t_plain else None,
-                "predicted_fused_us": f_us, "predicted_prerotate_us": p_us,
-                "faster": faster, "auto_choice": auto_choice.get((shape.name, n)),
-                "auto_is_faster": None if faster is None else auto_choice.get((shape.name, n)) == faster,
-            })
+            summary.append(
+                {
+                    "shape": shape.name,
+                    "n": n,
+                    "plain_ms": t_plain,
+                    "fused_ms": t_fused,
+                    "prerotate_ms": t_pre,
+                    "speedup_fused_over_prerotate": (t_pre / t_fused) if t_fused and t_pre else None,
+                    "fused_overhead_us": (t_fused - t_plain) * 1e3 if t_fused and t_plain else None,
+                    "prerotate_overhead_us": (t_pre - t_plain) * 1e3 if t_pre and t_plain else None,
+                    "predicted_fused_us": f_us,
+                    "predicted_prerotate_us": p_us,
+                    "faster": faster,
+                    "auto_choice": auto_choice.get((shape.name, n)),
+                    "auto_is_faster": None if faster is None else auto_choice.get((shape.name, n)) == faster,
+                }
+            )
     crossovers = []
     for shape in shapes.values():
         sel = [s for s in summary if s["shape"] == shape.name and s["faster"]]
@@ -338,32 +423,44 @@ def rotation(args: argparse.Namespace, sm: int, shapes: dict[str, C.Shape], ns: 
                     measured_x = s["n"]
                     break
         fused_bm = tiling.lookup(sm or 90, shape.head_dim, "kloop")[0]
-        crossovers.append({
-            "shape": shape.name, "measured_crossover": measured_x if measured_x is not None else
-            (f"> {max(s['n'] for s in sel)}" if sel else None),
-            "prerotate_wins_everywhere": bool(sel) and all(s["faster"] == "prerotate" for s in sel),
-            "predicted": predicted_crossover(sm, shape, fused_bm),
-        })
+        crossovers.append(
+            {
+                "shape": shape.name,
+                "measured_crossover": measured_x
+                if measured_x is not None
+                else (f"> {max(s['n'] for s in sel)}" if sel else None),
+                "prerotate_wins_everywhere": bool(sel) and all(s["faster"] == "prerotate" for s in sel),
+                "predicted": predicted_crossover(sm, shape, fused_bm),
+            }
+        )
     return {"rows": rows, "summary": summary, "crossovers": crossovers}
 
 
 def rotation_markdown(result: dict[str, Any], env: dict[str, Any]) -> str:
-    out = ["# Rotation Calculus: K rotated in the KV loop (fused) vs once by a separate kernel (prerotate)\n",
-           C.env_markdown(env),
-           "\nrope_causal (theta 10000, half, rotary_dim = D) vs plain causal at the table's tiles. Overheads are "
-           "over plain causal; predictions from `attnfuse.passes.rope_fusion.rotation_costs`. "
-           "fused/prerotate speed-up = prerotate ms / fused ms (> 1: fusing pays).\n",
-           "\n## Crossover\n", "| shape | measured (prerotate faster from N on) | predicted (as the pass calls "
-           "the model) | predicted (batch, BLOCK_M) |", "|---|---|---|---|"]
+    out = [
+        "# Rotation Calculus: K rotated in the KV loop (fused) vs once by a separate kernel (prerotate)\n",
+        C.env_markdown(env),
+        "\nrope_causal (theta 10000, half, rotary_dim = D) vs plain causal at the table's tiles. Overheads are "
+        "over plain causal; predictions from `attnfuse.passes.rope_fusion.rotation_costs`. "
+        "fused/prerotate speed-up = prerotate ms / fused ms (> 1: fusing pays).\n",
+        "\n## Crossover\n",
+        "| shape | measured (prerotate faster from N on) | predicted (as the pass calls "
+        "the model) | predicted (batch, BLOCK_M) |",
+        "|---|---|---|---|",
+    ]
     for c in result["crossovers"]:
         p = c["predicted"]
-        out.append(f"| {c['shape']} | {c['measured_crossover']} | {p.get('as_pass_calls_it')} | "
-                   f"{p.get('with_batch_and_block_m')} |")
+        out.append(
+            f"| {c['shape']} | {c['measured_crossover']} | {p.get('as_pass_calls_it')} | "
+            f"{p.get('with_batch_and_block_m')} |"
+        )
     for shape in sorted({s["shape"] for s in result["summary"]}):
-        out += [f"\n## {shape}\n",
-                "| N | plain ms | fused ms | prerotate ms | fused/prerotate speed-up | fused overhead µs "
-                "(predicted) | prerotate overhead µs (predicted) | faster | auto chose |",
-                "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"\n## {shape}\n",
+            "| N | plain ms | fused ms | prerotate ms | fused/prerotate speed-up | fused overhead µs "
+            "(predicted) | prerotate overhead µs (predicted) | faster | auto chose |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for s in result["summary"]:
             if s["shape"] != shape:
                 continue
@@ -372,11 +469,13 @@ def rotation_markdown(result: dict[str, Any], env: dict[str, Any]) -> str:
                 f"{C.fmt(s['speedup_fused_over_prerotate'], 2)} | {C.fmt(s['fused_overhead_us'], 1)} "
                 f"({C.fmt(s['predicted_fused_us'], 1)}) | {C.fmt(s['prerotate_overhead_us'], 1)} "
                 f"({C.fmt(s['predicted_prerotate_us'], 1)}) | {s['faster'] or '—'} | {s['auto_choice']}"
-                f"{'' if s['auto_is_faster'] in (None, True) else ' (slower)'} |")
+                f"{'' if s['auto_is_faster'] in (None, True) else ' (slower)'} |"
+            )
     bad = [r for r in result["rows"] if r.get("status") != "ok"]
     if bad:
-        out += ["\n## Failed runs\n"] + [f"- {r['shape']} N={r['n']} {r['kind']}: {r['status']} "
-                                         f"{(r.get('error') or '')[:200]}" for r in bad]
+        out += ["\n## Failed runs\n"] + [
+            f"- {r['shape']} N={r['n']} {r['kind']}: {r['status']} {(r.get('error') or '')[:200]}" for r in bad
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -388,8 +487,9 @@ def ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path, help="folder for tiles.* and rotation.*")
     ap.add_argument("--part", default="tiles,rotation", help="tiles, rotation or both (comma-separated)")
     ap.add_argument("--entries", default=",".join(ENTRIES), help=f"sweep entries, of {','.join(ENTRIES)}")
@@ -399,8 +499,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--num-warps", default="4,8")
     ap.add_argument("--num-stages", default="2,3,4")
     ap.add_argument("--ns", default=None, help="rotation part: sequence lengths (default 512..16384)")
-    ap.add_argument("--budget-s", type=float, default=330.0,
-                    help="stop measuring after this many seconds (what was measured is written)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=330.0,
+        help="stop measuring after this many seconds (what was measured is written)",
+    )
     ap.add_argument("--window", type=int, default=C.WINDOW)
     C.add_measurement_args(ap)
     return ap.parse_args(argv)
@@ -441,9 +545,11 @@ def main(argv: list[str] | None = None) -> int:
         C.write_json(args.out / "tiles.json", {**meta, **result, "elapsed_s": round(time.time() - t0, 1)})
         (args.out / "tiles.md").write_text(tiles_markdown(result, env, sm))
         for w in result["winners"]:
-            C.log(f"  winner {w['entry']:24s} {w['shape']:6s} {w['best']:22s} {w['best_ms']:.3f} ms "
-                  f"({C.fmt(w['best_tflops'], 0)} TFLOP/s); table default {w['table_default']} "
-                  f"{C.fmt(w['default_ms'])} ms")
+            C.log(
+                f"  winner {w['entry']:24s} {w['shape']:6s} {w['best']:22s} {w['best_ms']:.3f} ms "
+                f"({C.fmt(w['best_tflops'], 0)} TFLOP/s); table default {w['table_default']} "
+                f"{C.fmt(w['default_ms'])} ms"
+            )
     if "rotation" in parts:
         result = rotation(args, sm, shapes, ns, deadline)
         C.write_json(args.out / "rotation.json", {**meta, **result, "elapsed_s": round(time.time() - t0, 1)})
@@ -451,8 +557,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in result["crossovers"]:
             C.log(f"  crossover {c['shape']}: measured {c['measured_crossover']}, predicted {c['predicted']}")
         for s in result["summary"]:
-            C.log(f"  {s['shape']:6s} N={s['n']:6d} plain {C.fmt(s['plain_ms'])} fused {C.fmt(s['fused_ms'])} "
-                  f"prerotate {C.fmt(s['prerotate_ms'])} ms; faster {s['faster']}, auto {s['auto_choice']}")
+            C.log(
+                f"  {s['shape']:6s} N={s['n']:6d} plain {C.fmt(s['plain_ms'])} fused {C.fmt(s['fused_ms'])} "
+                f"prerotate {C.fmt(s['prerotate_ms'])} ms; faster {s['faster']}, auto {s['auto_choice']}"
+            )
     C.log(f"sweep_tiles done in {time.time() - t0:.0f}s; wrote to {args.out}")
     return 0
 

@@ -188,15 +188,11 @@ class RopeScalingAttr(ParametrizedAttribute):
     def verify(self) -> None:
         kind = self.kind.data
         if kind not in ROPE_SCALINGS:
-            raise VerifyException(
-                f"unknown rope scaling '{kind}', expected one of {', '.join(ROPE_SCALINGS)}"
-            )
+            raise VerifyException(f"unknown rope scaling '{kind}', expected one of {', '.join(ROPE_SCALINGS)}")
         spec = ROPE_SCALINGS[kind]
         for k, v in self.params.data.items():
             if k not in spec:
-                raise VerifyException(
-                    f"rope scaling '{kind}' has no parameter '{k}', expected {', '.join(spec)}"
-                )
+                raise VerifyException(f"rope scaling '{kind}' has no parameter '{k}', expected {', '.join(spec)}")
             if isinstance(spec[k], bool):
                 if not (isinstance(v, IntegerAttr) and v.type == i1):
                     raise VerifyException(f"rope scaling parameter '{k}' must be true or false")
@@ -209,9 +205,7 @@ class RopeScalingAttr(ParametrizedAttribute):
         if vals["factor"] <= 0:
             raise VerifyException(f"rope scaling factor must be > 0, got {vals['factor']}")
         if kind == "llama3" and not vals["high_freq_factor"] > vals["low_freq_factor"] > 0:
-            raise VerifyException(
-                "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0"
-            )
+            raise VerifyException("llama3 rope scaling needs high_freq_factor > low_freq_factor > 0")
         if "original_max_position" in vals and vals["original_max_position"] <= 0:
             raise VerifyException("rope scaling original_max_position must be > 0")
 
@@ -323,23 +317,16 @@ class RopeOp(IRDLOperation):
         d = shape[3]
         r = self.rotary_dim.value.data
         if r <= 0 or r % 2 or r > d:
-            raise VerifyException(
-                f"attn.rope rotary_dim must be even, positive and at most the head dim {d}, "
-                f"got {r}"
-            )
+            raise VerifyException(f"attn.rope rotary_dim must be even, positive and at most the head dim {d}, got {r}")
         if not self.theta.value.data > 0 or math.isinf(self.theta.value.data):
             raise VerifyException(f"attn.rope theta must be > 0 and finite, got {self.theta.value.data}")
         if self.style.data not in self.STYLES:
-            raise VerifyException(
-                f"attn.rope style must be 'half' or 'interleaved', got '{self.style.data}'"
-            )
+            raise VerifyException(f"attn.rope style must be 'half' or 'interleaved', got '{self.style.data}'")
         if self.inv_freq is not None:
             t = self.inv_freq.type
             assert isinstance(t, TensorType)
             if t.get_shape() != (r // 2,) or not _is_float(t.get_element_type()):
-                raise VerifyException(
-                    f"attn.rope inv_freq must be tensor<{r // 2}xf32> (rotary_dim / 2), got {t}"
-                )
+                raise VerifyException(f"attn.rope inv_freq must be tensor<{r // 2}xf32> (rotary_dim / 2), got {t}")
             if self.scaling is not None:
                 raise VerifyException("attn.rope takes either an inv_freq operand or scaling")
 
@@ -438,8 +425,7 @@ class NormOp(IRDLOperation):
             assert isinstance(t, TensorType)
             if t.get_shape() != (shape[3],) or not _is_float(t.get_element_type()):
                 raise VerifyException(
-                    f"attn.norm weight must be a float tensor<{shape[3]}x...> (the head dim), "
-                    f"got {t}"
+                    f"attn.norm weight must be a float tensor<{shape[3]}x...> (the head dim), got {t}"
                 )
 
     def print(self, printer: Printer) -> None:
@@ -518,17 +504,13 @@ class ScaleOp(_ScalarOp):
 
     def __init__(self, input: SSAValue | Operation, value: float):
         input = SSAValue.get(input)
-        super().__init__(
-            operands=[input], properties={"value": _float_prop(value)}, result_types=[input.type]
-        )
+        super().__init__(operands=[input], properties={"value": _float_prop(value)}, result_types=[input.type])
 
     def verify_(self) -> None:
         if isinstance(self.input.type, TensorType):
             _qkv_shape(self.input, "attn.scale input")
         elif not isinstance(self.input.type, ScoresType):
-            raise VerifyException(
-                f"attn.scale input must be a q/k tensor or !attn.scores, got {self.input.type}"
-            )
+            raise VerifyException(f"attn.scale input must be a q/k tensor or !attn.scores, got {self.input.type}")
         if self.output.type != self.input.type:
             raise VerifyException("attn.scale result type must equal its input type")
         if not math.isfinite(self.value.value.data):
@@ -548,9 +530,7 @@ class SoftcapOp(_ScalarOp):
 
     def __init__(self, input: SSAValue | Operation, cap: float):
         input = SSAValue.get(input)
-        super().__init__(
-            operands=[input], properties={"cap": _float_prop(cap)}, result_types=[input.type]
-        )
+        super().__init__(operands=[input], properties={"cap": _float_prop(cap)}, result_types=[input.type])
 
     def verify_(self) -> None:
         if self.output.type != self.input.type:
@@ -581,9 +561,7 @@ class QKOp(IRDLOperation):
         q, k = SSAValue.get(q), SSAValue.get(k)
         assert isinstance(q.type, TensorType)
         props = {} if scale is None else {"scale": _float_prop(scale)}
-        super().__init__(
-            operands=[q, k], properties=props, result_types=[ScoresType(q.type.get_shape()[1])]
-        )
+        super().__init__(operands=[q, k], properties=props, result_types=[ScoresType(q.type.get_shape()[1])])
 
     @property
     def effective_scale(self) -> float:
@@ -598,15 +576,11 @@ class QKOp(IRDLOperation):
         if qs[3] != ks[3]:
             raise VerifyException(f"attn.qk q and k head dims differ: {qs[3]} vs {ks[3]}")
         if qs[1] % ks[1]:
-            raise VerifyException(
-                f"attn.qk q heads ({qs[1]}) must be a multiple of k heads ({ks[1]})"
-            )
+            raise VerifyException(f"attn.qk q heads ({qs[1]}) must be a multiple of k heads ({ks[1]})")
         if DYNAMIC_INDEX not in (qs[0], ks[0]) and qs[0] != ks[0]:
             raise VerifyException(f"attn.qk q and k batch sizes differ: {qs[0]} vs {ks[0]}")
         if _heads(self.scores.type) != qs[1]:
-            raise VerifyException(
-                f"attn.qk result must be !attn.scores<{qs[1]}> (q heads), got {self.scores.type}"
-            )
+            raise VerifyException(f"attn.qk result must be !attn.scores<{qs[1]}> (q heads), got {self.scores.type}")
         if self.scale is not None:
             s = self.scale.value.data
             if not (s > 0 and math.isfinite(s)):
@@ -683,8 +657,7 @@ class SoftmaxOp(IRDLOperation):
             assert isinstance(t, TensorType)
             if t.get_shape() != (h,) or not _is_float(t.get_element_type()):
                 raise VerifyException(
-                    f"attn.softmax sink must be a float tensor<{h}x...> (one logit per query "
-                    f"head), got {t}"
+                    f"attn.softmax sink must be a float tensor<{h}x...> (one logit per query head), got {t}"
                 )
 
     def print(self, printer: Printer) -> None:
@@ -748,8 +721,7 @@ class PVOp(IRDLOperation):
         os_ = _qkv_shape(self.output, "attn.pv result")
         if os_[1] != h or os_[3] != vs[3]:
             raise VerifyException(
-                f"attn.pv result must have {h} heads and head dim {vs[3]} (v's), "
-                f"got {self.output.type}"
+                f"attn.pv result must have {h} heads and head dim {vs[3]} (v's), got {self.output.type}"
             )
 
     def print(self, printer: Printer) -> None:
@@ -856,9 +828,7 @@ class _ScoreFnOp(IRDLOperation):
             self._check_yield(term.operands[0].type)
             return
         if kind not in self.KINDS:
-            raise VerifyException(
-                f"{op} kind must be one of {', '.join([*self.KINDS, 'custom'])}, got '{kind}'"
-            )
+            raise VerifyException(f"{op} kind must be one of {', '.join([*self.KINDS, 'custom'])}, got '{kind}'")
         if region.blocks:
             raise VerifyException(f"{op} {kind} takes no region")
         wants_param, n_extra = self.KINDS[kind]
@@ -990,9 +960,7 @@ class MaskOp(_ScoreFnOp):
             t = self.extras[0].type
             assert isinstance(t, TensorType)
             if len(t.get_shape()) != 2 or not isinstance(t.get_element_type(), IntegerType):
-                raise VerifyException(
-                    f"attn.mask document ids must be an integer tensor [B, Nk], got {t}"
-                )
+                raise VerifyException(f"attn.mask document ids must be an integer tensor [B, Nk], got {t}")
 
 
 @irdl_op_definition
@@ -1029,9 +997,7 @@ class BiasOp(_ScoreFnOp):
         assert isinstance(t, TensorType)
         h = _heads(self.input.type)
         if t.get_shape() != (h,) or not _is_float(t.get_element_type()):
-            raise VerifyException(
-                f"attn.bias alibi slopes must be a float tensor<{h}x...> (one per head), got {t}"
-            )
+            raise VerifyException(f"attn.bias alibi slopes must be a float tensor<{h}x...> (one per head), got {t}")
 
 
 @irdl_op_definition
@@ -1078,17 +1044,13 @@ class ExtractOp(IRDLOperation):
     def __init__(self, tensor: SSAValue | Operation, indices: Sequence[SSAValue | Operation]):
         tensor = SSAValue.get(tensor)
         assert isinstance(tensor.type, TensorType)
-        super().__init__(
-            operands=[tensor, list(indices)], result_types=[tensor.type.get_element_type()]
-        )
+        super().__init__(operands=[tensor, list(indices)], result_types=[tensor.type.get_element_type()])
 
     def verify_(self) -> None:
         t = self.tensor.type
         assert isinstance(t, TensorType)
         if len(self.indices) != len(t.get_shape()):
-            raise VerifyException(
-                f"attn.extract needs {len(t.get_shape())} indices for {t}, got {len(self.indices)}"
-            )
+            raise VerifyException(f"attn.extract needs {len(t.get_shape())} indices for {t}, got {len(self.indices)}")
         if any(i.type != i32 for i in self.indices):
             raise VerifyException("attn.extract indices must be i32")
         if self.result.type != t.get_element_type():
@@ -1116,9 +1078,7 @@ class ExtractOp(IRDLOperation):
     @classmethod
     def parse(cls, parser: Parser) -> ExtractOp:
         t = parser.parse_unresolved_operand()
-        idx = parser.parse_comma_separated_list(
-            parser.Delimiter.SQUARE, parser.parse_unresolved_operand
-        )
+        idx = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_unresolved_operand)
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         tt = parser.parse_type()

@@ -137,8 +137,9 @@ class KernelOp(IRDLOperation):
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
-    def __init__(self, name: str, arg_types: Sequence[Attribute], arg_names: Sequence[str],
-                 constexprs: Sequence[int] = ()):
+    def __init__(
+        self, name: str, arg_types: Sequence[Attribute], arg_names: Sequence[str], constexprs: Sequence[int] = ()
+    ):
         block = Block(arg_types=arg_types)
         for arg, n in zip(block.args, arg_names, strict=True):
             arg.name_hint = n
@@ -219,6 +220,7 @@ class ConstantOp(IRDLOperation):
     name = "tl.constant"
     value = prop_def(AnyAttr())
     result = result_def()
+
     def __init__(self, value: int | float | bool, type: Attribute | None = None):
         if isinstance(value, bool):
             attr = IntegerAttr(int(value), i1)
@@ -304,9 +306,7 @@ class FullOp(IRDLOperation):
 
     def __init__(self, dims: Sequence[SSAValue | Operation], value: float | int, element: Attribute):
         attr = (
-            IntegerAttr(int(value), element)
-            if isinstance(element, IntegerType)
-            else FloatAttr(float(value), element)
+            IntegerAttr(int(value), element) if isinstance(element, IntegerType) else FloatAttr(float(value), element)
         )
         super().__init__(operands=[dims], properties={"value": attr}, result_types=[TileType(element)])
 
@@ -321,12 +321,9 @@ class BinaryOp(IRDLOperation):
     result = result_def()
     assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
 
-    def __init__(self, lhs: SSAValue | Operation, rhs: SSAValue | Operation,
-                 result_type: Attribute | None = None):
+    def __init__(self, lhs: SSAValue | Operation, rhs: SSAValue | Operation, result_type: Attribute | None = None):
         lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
-        super().__init__(
-            operands=[lhs, rhs], result_types=[result_type or broadcast_type(lhs.type, rhs.type)]
-        )
+        super().__init__(operands=[lhs, rhs], result_types=[result_type or broadcast_type(lhs.type, rhs.type)])
 
     def verify_(self) -> None:
         expected = broadcast_type(self.lhs.type, self.rhs.type)
@@ -442,9 +439,7 @@ class CmpOp(IRDLOperation):
     lhs = operand_def()
     rhs = operand_def()
     result = result_def()
-    assembly_format = (
-        "$predicate $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
-    )
+    assembly_format = "$predicate $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
 
     def __init__(self, predicate: str, lhs: SSAValue | Operation, rhs: SSAValue | Operation):
         lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
@@ -457,8 +452,7 @@ class CmpOp(IRDLOperation):
     def verify_(self) -> None:
         if self.predicate.data not in self.PREDICATES:
             raise VerifyException(
-                f"tl.cmp predicate must be one of {' '.join(self.PREDICATES)}, got "
-                f"'{self.predicate.data}'"
+                f"tl.cmp predicate must be one of {' '.join(self.PREDICATES)}, got '{self.predicate.data}'"
             )
 
 
@@ -601,9 +595,7 @@ class ExpandDimsOp(IRDLOperation):
 
     def __init__(self, input: SSAValue | Operation, axis: int):
         input = SSAValue.get(input)
-        super().__init__(
-            operands=[input], properties={"axis": IntegerAttr(axis, i64)}, result_types=[input.type]
-        )
+        super().__init__(operands=[input], properties={"axis": IntegerAttr(axis, i64)}, result_types=[input.type])
 
     def verify_(self) -> None:
         if self.axis.value.data not in (0, 1):
@@ -645,15 +637,14 @@ class WhereOp(IRDLOperation):
     rhs = operand_def()
     result = result_def()
     assembly_format = (
-        "$cond `,` $lhs `,` $rhs attr-dict `:` type($cond) `,` type($lhs) `,` type($rhs) "
-        "`->` type($result)"
+        "$cond `,` $lhs `,` $rhs attr-dict `:` type($cond) `,` type($lhs) `,` type($rhs) `->` type($result)"
     )
 
-    def __init__(self, cond: SSAValue | Operation, lhs: SSAValue | Operation,
-                 rhs: SSAValue | Operation):
+    def __init__(self, cond: SSAValue | Operation, lhs: SSAValue | Operation, rhs: SSAValue | Operation):
         cond, lhs, rhs = SSAValue.get(cond), SSAValue.get(lhs), SSAValue.get(rhs)
-        t = broadcast_type(broadcast_type(lhs.type, rhs.type), cond.type, _promote(
-            scalar_of(lhs.type), scalar_of(rhs.type)))
+        t = broadcast_type(
+            broadcast_type(lhs.type, rhs.type), cond.type, _promote(scalar_of(lhs.type), scalar_of(rhs.type))
+        )
         super().__init__(operands=[cond, lhs, rhs], result_types=[t])
 
 
@@ -669,8 +660,7 @@ class LoadOp(IRDLOperation):
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$ptr (`mask` $mask^ `:` type($mask))? attr-dict `:` type($ptr) `->` type($result)"
 
-    def __init__(self, ptr: SSAValue | Operation, mask: SSAValue | Operation | None = None,
-                 other: float | None = None):
+    def __init__(self, ptr: SSAValue | Operation, mask: SSAValue | Operation | None = None, other: float | None = None):
         ptr = SSAValue.get(ptr)
         pointee = scalar_of(ptr.type)
         if not isinstance(pointee, PointerType):
@@ -683,11 +673,12 @@ class LoadOp(IRDLOperation):
                 if isinstance(element, IntegerType)
                 else FloatAttr(float(other), element)
             )
-        t = TileType(element) if is_tile(ptr.type) or (
-            mask is not None and is_tile(SSAValue.get(mask).type)) else element
-        super().__init__(
-            operands=[ptr, [] if mask is None else [mask]], properties=props, result_types=[t]
+        t = (
+            TileType(element)
+            if is_tile(ptr.type) or (mask is not None and is_tile(SSAValue.get(mask).type))
+            else element
         )
+        super().__init__(operands=[ptr, [] if mask is None else [mask]], properties=props, result_types=[t])
 
     def verify_(self) -> None:
         pointee = scalar_of(self.ptr.type)
@@ -705,12 +696,11 @@ class StoreOp(IRDLOperation):
     ptr = operand_def()
     value = operand_def()
     mask = opt_operand_def()
-    assembly_format = (
-        "$value `,` $ptr (`mask` $mask^ `:` type($mask))? attr-dict `:` type($value) `,` type($ptr)"
-    )
+    assembly_format = "$value `,` $ptr (`mask` $mask^ `:` type($mask))? attr-dict `:` type($value) `,` type($ptr)"
 
-    def __init__(self, ptr: SSAValue | Operation, value: SSAValue | Operation,
-                 mask: SSAValue | Operation | None = None):
+    def __init__(
+        self, ptr: SSAValue | Operation, value: SSAValue | Operation, mask: SSAValue | Operation | None = None
+    ):
         super().__init__(operands=[ptr, value, [] if mask is None else [mask]])
 
     def verify_(self) -> None:
@@ -718,9 +708,7 @@ class StoreOp(IRDLOperation):
         if not isinstance(pointee, PointerType):
             raise VerifyException(f"tl.store needs a pointer or a tile of pointers, got {self.ptr.type}")
         if scalar_of(self.value.type) != pointee.pointee:
-            raise VerifyException(
-                f"tl.store value must hold {pointee.pointee} (the pointee), got {self.value.type}"
-            )
+            raise VerifyException(f"tl.store value must hold {pointee.pointee} (the pointee), got {self.value.type}")
 
 
 @irdl_op_definition
@@ -735,12 +723,16 @@ class DotOp(IRDLOperation):
     result = result_def(TileType)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = (
-        "$lhs `,` $rhs (`acc` $acc^ `:` type($acc))? attr-dict `:` type($lhs) `,` type($rhs) "
-        "`->` type($result)"
+        "$lhs `,` $rhs (`acc` $acc^ `:` type($acc))? attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
     )
 
-    def __init__(self, lhs: SSAValue | Operation, rhs: SSAValue | Operation,
-                 acc: SSAValue | Operation | None = None, input_precision: str | None = None):
+    def __init__(
+        self,
+        lhs: SSAValue | Operation,
+        rhs: SSAValue | Operation,
+        acc: SSAValue | Operation | None = None,
+        input_precision: str | None = None,
+    ):
         props = {} if input_precision is None else {"input_precision": StringAttr(input_precision)}
         super().__init__(
             operands=[lhs, rhs, [] if acc is None else [acc]],
@@ -778,8 +770,14 @@ class ForOp(IRDLOperation):
     res = var_result_def()
     body = region_def("single_block")
 
-    def __init__(self, lb: SSAValue | Operation, ub: SSAValue | Operation,
-                 step: SSAValue | Operation, inits: Sequence[SSAValue | Operation], body: Block):
+    def __init__(
+        self,
+        lb: SSAValue | Operation,
+        ub: SSAValue | Operation,
+        step: SSAValue | Operation,
+        inits: Sequence[SSAValue | Operation],
+        body: Block,
+    ):
         inits = [SSAValue.get(i) for i in inits]
         super().__init__(
             operands=[lb, ub, step, inits],
@@ -835,6 +833,7 @@ class ForOp(IRDLOperation):
         unresolved = []
         inits = []
         if parser.parse_optional_keyword("iter_args") is not None:
+
             def parse_pair() -> None:
                 carried.append(parser.parse_argument(expect_type=False))
                 parser.parse_punctuation("=")
@@ -911,12 +910,14 @@ class AllocOp(_HostOp):
     assembly_format = "$var `shape` $shape `dtype` $dtype `device` $device attr-dict"
 
     def __init__(self, var: str, shape: Sequence[str], dtype: str, device: str):
-        super().__init__(properties={
-            "var": StringAttr(var),
-            "shape": ArrayAttr(StringAttr(s) for s in shape),
-            "dtype": StringAttr(dtype),
-            "device": StringAttr(device),
-        })
+        super().__init__(
+            properties={
+                "var": StringAttr(var),
+                "shape": ArrayAttr(StringAttr(s) for s in shape),
+                "dtype": StringAttr(dtype),
+                "device": StringAttr(device),
+            }
+        )
 
 
 @irdl_op_definition
@@ -936,16 +937,17 @@ class RopeTableOp(_HostOp):
         "$cos `,` $sin `inv_freq` $values `length` $length `magnitude` $magnitude `device` $device attr-dict"
     )
 
-    def __init__(self, cos: str, sin: str, values: Sequence[float], length: str, magnitude: float,
-                 device: str):
-        super().__init__(properties={
-            "cos": StringAttr(cos),
-            "sin": StringAttr(sin),
-            "values": ArrayAttr(FloatAttr(float(v), f32) for v in values),
-            "length": StringAttr(length),
-            "magnitude": FloatAttr(float(magnitude), f32),
-            "device": StringAttr(device),
-        })
+    def __init__(self, cos: str, sin: str, values: Sequence[float], length: str, magnitude: float, device: str):
+        super().__init__(
+            properties={
+                "cos": StringAttr(cos),
+                "sin": StringAttr(sin),
+                "values": ArrayAttr(FloatAttr(float(v), f32) for v in values),
+                "length": StringAttr(length),
+                "magnitude": FloatAttr(float(magnitude), f32),
+                "device": StringAttr(device),
+            }
+        )
 
 
 @irdl_op_definition
@@ -961,19 +963,18 @@ class CallOp(_HostOp):
     args = prop_def(ArrayAttr[StringAttr])
     num_warps = prop_def(IntegerAttr)
     num_stages = prop_def(IntegerAttr)
-    assembly_format = (
-        "$callee `grid` $grid `args` $args `num_warps` $num_warps `num_stages` $num_stages attr-dict"
-    )
+    assembly_format = "$callee `grid` $grid `args` $args `num_warps` $num_warps `num_stages` $num_stages attr-dict"
 
-    def __init__(self, callee: str, grid: Sequence[str], args: Sequence[str],
-                 num_warps: int, num_stages: int):
-        super().__init__(properties={
-            "callee": StringAttr(callee),
-            "grid": ArrayAttr(StringAttr(g) for g in grid),
-            "args": ArrayAttr(StringAttr(a) for a in args),
-            "num_warps": IntegerAttr(num_warps, i64),
-            "num_stages": IntegerAttr(num_stages, i64),
-        })
+    def __init__(self, callee: str, grid: Sequence[str], args: Sequence[str], num_warps: int, num_stages: int):
+        super().__init__(
+            properties={
+                "callee": StringAttr(callee),
+                "grid": ArrayAttr(StringAttr(g) for g in grid),
+                "args": ArrayAttr(StringAttr(a) for a in args),
+                "num_warps": IntegerAttr(num_warps, i64),
+                "num_stages": IntegerAttr(num_stages, i64),
+            }
+        )
 
 
 @irdl_op_definition
@@ -988,18 +989,37 @@ class HostReturnOp(_HostOp):
         super().__init__(properties={"values": ArrayAttr(StringAttr(v) for v in values)})
 
 
-UNARY_OPS = (NegOp, NotOp, Exp2Op, Log2Op, ExpOp, LogOp, SqrtOp, RsqrtOp, CosOp, SinOp, AbsOp,
-             SigmoidOp)
-BINARY_OPS = (AddOp, SubOp, MulOp, TrueDivOp, FloorDivOp, RemOp, AndOp, OrOp, XorOp, MaximumOp,
-              MinimumOp, CdivOp)
+UNARY_OPS = (NegOp, NotOp, Exp2Op, Log2Op, ExpOp, LogOp, SqrtOp, RsqrtOp, CosOp, SinOp, AbsOp, SigmoidOp)
+BINARY_OPS = (AddOp, SubOp, MulOp, TrueDivOp, FloorDivOp, RemOp, AndOp, OrOp, XorOp, MaximumOp, MinimumOp, CdivOp)
 
 TL = Dialect(
     "tl",
     [
-        KernelOp, ReturnOp, ConstantOp, ProgramIdOp, NumProgramsOp, ArangeOp, FullOp, *BINARY_OPS, CmpOp,
-        *UNARY_OPS, CastOp, ExpandDimsOp, ReduceOp, WhereOp, LoadOp, StoreOp, DotOp, TransOp,
-        ForOp, YieldOp, LauncherOp, AllocOp, RopeTableOp, CallOp, HostReturnOp,
+        KernelOp,
+        ReturnOp,
+        ConstantOp,
+        ProgramIdOp,
+        NumProgramsOp,
+        ArangeOp,
+        FullOp,
+        *BINARY_OPS,
+        CmpOp,
+        *UNARY_OPS,
+        CastOp,
+        ExpandDimsOp,
+        ReduceOp,
+        WhereOp,
+        LoadOp,
+        StoreOp,
+        DotOp,
+        TransOp,
+        ForOp,
+        YieldOp,
+        LauncherOp,
+        AllocOp,
+        RopeTableOp,
+        CallOp,
+        HostReturnOp,
     ],
     [TileType, PointerType],
 )
-

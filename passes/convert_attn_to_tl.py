@@ -147,20 +147,33 @@ class KernelBuilder:
     def reduce(self, kind: str, x: SSAValue, axis: int, hint: str | None = None) -> SSAValue:
         return self._add(tl.ReduceOp(kind, x, axis), hint)
 
-    def load(self, ptr: SSAValue, mask: SSAValue | None = None, other: float | None = None,
-             hint: str | None = None) -> SSAValue:
+    def load(
+        self, ptr: SSAValue, mask: SSAValue | None = None, other: float | None = None, hint: str | None = None
+    ) -> SSAValue:
         return self._add(tl.LoadOp(ptr, mask, other if mask is not None else None), hint)
 
     def store(self, ptr: SSAValue, value: SSAValue, mask: SSAValue | None = None) -> None:
         self.block.add_op(tl.StoreOp(ptr, value, mask))
 
-    def dot(self, a: SSAValue, b: SSAValue, acc: SSAValue | None = None,
-            precision: str | None = None, hint: str | None = None) -> SSAValue:
+    def dot(
+        self,
+        a: SSAValue,
+        b: SSAValue,
+        acc: SSAValue | None = None,
+        precision: str | None = None,
+        hint: str | None = None,
+    ) -> SSAValue:
         return self._add(tl.DotOp(a, b, acc, precision), hint)
 
-    def loop(self, lb: Value, ub: Value, step: Value, carried: dict[str, SSAValue],
-             body: Callable[[KernelBuilder, SSAValue, dict[str, SSAValue]], dict[str, SSAValue]],
-             iv_name: str = "start_n") -> dict[str, SSAValue]:
+    def loop(
+        self,
+        lb: Value,
+        ub: Value,
+        step: Value,
+        carried: dict[str, SSAValue],
+        body: Callable[[KernelBuilder, SSAValue, dict[str, SSAValue]], dict[str, SSAValue]],
+        iv_name: str = "start_n",
+    ) -> dict[str, SSAValue]:
         names = list(carried)
         block = Block(arg_types=[i32, *(carried[n].type for n in names)])
         block.args[0].name_hint = iv_name
@@ -244,8 +257,7 @@ class Lowering:
         tiling = v.func.attributes.get("attn.tiling")
         if tiling is None:
             raise DiagnosticException(
-                f"func @{v.func.sym_name.data} has no attn.tiling: run the tiling pass before "
-                "convert-attn-to-tl"
+                f"func @{v.func.sym_name.data} has no attn.tiling: run the tiling pass before convert-attn-to-tl"
             )
         t = {k: a.value.data for k, a in tiling.data.items() if isinstance(a, IntegerAttr)}  # type: ignore[attr-defined]
         self.block_m, self.block_n = t["block_m"], t["block_n"]
@@ -257,18 +269,17 @@ class Lowering:
         self.vdtype = v.v_type.get_element_type()
         self.dpad = _pow2(self.d)
         self.layout = rope_layout(v.ropes())
-        if sum(isinstance(op, attn.RopeOp) for op in v.q_chain) > 1 or sum(
-            isinstance(op, attn.RopeOp) for op in v.k_chain
-        ) > 1:
+        if (
+            sum(isinstance(op, attn.RopeOp) for op in v.q_chain) > 1
+            or sum(isinstance(op, attn.RopeOp) for op in v.k_chain) > 1
+        ):
             raise DiagnosticException("the Triton lowering applies at most one attn.rope to q and to k")
         self.k_placement = "none"
         for op in v.k_chain:
             placement = op.attributes.get("placement")
             self.k_placement = placement.data if isinstance(placement, StringAttr) else "kv_loop"
         prescale = v.qk.attributes.get("q_prescale")
-        self.q_prescale = (
-            prescale.value.data if isinstance(prescale, FloatAttr) else v.qk.effective_scale
-        )
+        self.q_prescale = prescale.value.data if isinstance(prescale, FloatAttr) else v.qk.effective_scale
         self.log2_folded = abs(self.q_prescale - v.qk.effective_scale * LOG2E) < 1e-12 * self.q_prescale
         kv_blocks = v.func.attributes.get("attn.kv_blocks")
         self.bounded = (
@@ -284,8 +295,7 @@ class Lowering:
         assert isinstance(value, BlockArgument)
         return value.index
 
-    def tensor(self, p: Params, value: SSAValue, key: str | None = None,
-               host: str | None = None) -> Tensor4:
+    def tensor(self, p: Params, value: SSAValue, key: str | None = None, host: str | None = None) -> Tensor4:
         """Pointer and strides of a function argument (or of `host`, a tensor like it)."""
         i = self.arg_index(value)
         name = host or self.names[i]
@@ -293,9 +303,7 @@ class Lowering:
         assert isinstance(t, TensorType)
         key = key or name
         ptr = p.get(key, tl.PointerType(t.get_element_type()), name)
-        strides = [
-            p.get(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(len(t.get_shape()))
-        ]
+        strides = [p.get(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(len(t.get_shape()))]
         return Tensor4(ptr, strides)
 
     def rope_tables(self, p: Params, op: attn.RopeOp) -> tuple[SSAValue, SSAValue]:
@@ -305,8 +313,10 @@ class Lowering:
         entry = ([float(x) for x in freqs], magnitude)
         key = next((k for k, e in self.tables.items() if e == entry), f"rope_{len(self.tables)}")
         self.tables[key] = entry
-        return (p.get(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
-                p.get(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"))
+        return (
+            p.get(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
+            p.get(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
+        )
 
     # ------------------------------------------------------------------ pre-matmul chains
     def channels(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue | None]:
@@ -317,28 +327,52 @@ class Lowering:
             return offs_d, None
         r, half = layout.rotary_dim, layout.rotary_dim // 2
         if layout.style == "half":
-            partner = kb.where(kb.cmp("<", offs_d, half), kb.add(offs_d, half),
-                               kb.where(kb.cmp("<", offs_d, r), kb.sub(offs_d, half), offs_d))
+            partner = kb.where(
+                kb.cmp("<", offs_d, half),
+                kb.add(offs_d, half),
+                kb.where(kb.cmp("<", offs_d, r), kb.sub(offs_d, half), offs_d),
+            )
         else:
             partner = kb.where(kb.cmp("<", offs_d, r), kb.binary(tl.XorOp, offs_d, 1), offs_d)
         kb.block.last_op.results[0].name_hint = "partner_d"  # type: ignore[union-attr]
         return offs_d, partner
 
-    def load_tile(self, kb: KernelBuilder, base: SSAValue, tok_offs: SSAValue, tok_ok: SSAValue | None,
-                  tok_stride: SSAValue, chan_stride: SSAValue, chans: SSAValue, tokens_first: bool,
-                  hint: str) -> SSAValue:
+    def load_tile(
+        self,
+        kb: KernelBuilder,
+        base: SSAValue,
+        tok_offs: SSAValue,
+        tok_ok: SSAValue | None,
+        tok_stride: SSAValue,
+        chan_stride: SSAValue,
+        chans: SSAValue,
+        tokens_first: bool,
+        hint: str,
+    ) -> SSAValue:
         """Load a [tokens, head dim] tile (or its transpose), masked where out of range."""
         tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
-        ptr = kb.add(kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
-                     kb.mul(chan_axis(chans), chan_stride), hint=f"{hint}_ptr")
+        ptr = kb.add(
+            kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
+            kb.mul(chan_axis(chans), chan_stride),
+            hint=f"{hint}_ptr",
+        )
         mask = tok_axis(tok_ok) if tok_ok is not None else None
         if self.dpad != self.d:
             cmask = chan_axis(kb.cmp("<", chans, self.d))
             mask = cmask if mask is None else kb.and_(mask, cmask)
         return kb.load(ptr, mask, 0.0, hint=hint)
 
-    def transformed(self, kb: KernelBuilder, p: Params, ops: Sequence[Operation], load, pos: SSAValue,
-                    tok_ok: SSAValue | None, tokens_first: bool, prefix: str) -> SSAValue:
+    def transformed(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        ops: Sequence[Operation],
+        load,
+        pos: SSAValue,
+        tok_ok: SSAValue | None,
+        tokens_first: bool,
+        prefix: str,
+    ) -> SSAValue:
         """Load a q/k tile with `load(channels)` and apply rope/norm/scale in fp32.
 
         Before a rope, the pair partners (a second, permuted load) go through the same
@@ -355,8 +389,9 @@ class Lowering:
                 xp = kb.mul(xp, op.value.value.data) if xp is not None else None
             elif isinstance(op, attn.NormOp):
                 total = kb.reduce("sum", kb.mul(x, x), chan_dim)
-                r = tok_axis(kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data),
-                                      hint=f"{prefix}_rstd"))
+                r = tok_axis(
+                    kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data), hint=f"{prefix}_rstd")
+                )
                 x = kb.mul(x, r, hint=f"{prefix}_normed")
                 xp = kb.mul(xp, r) if xp is not None else None
                 if op.weight is not None:
@@ -393,8 +428,15 @@ class Lowering:
                         sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
                 else:
                     freq_ptr = self.tensor(p, op.inv_freq)
-                    freq = kb.cast(kb.load(kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])), rotated, 0.0,
-                                           hint=f"{prefix}_inv_freq"), f32)
+                    freq = kb.cast(
+                        kb.load(
+                            kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])),
+                            rotated,
+                            0.0,
+                            hint=f"{prefix}_inv_freq",
+                        ),
+                        f32,
+                    )
                     angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
                     cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
                     sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
@@ -405,8 +447,14 @@ class Lowering:
         return x
 
     # ------------------------------------------------------------------ score ops
-    def region_value(self, kb: KernelBuilder, p: Params, op: attn.MaskOp | attn.BiasOp | attn.ScoreModOp,
-                     ctx: dict[str, SSAValue], score: SSAValue | None) -> SSAValue:
+    def region_value(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        op: attn.MaskOp | attn.BiasOp | attn.ScoreModOp,
+        ctx: dict[str, SSAValue],
+        score: SSAValue | None,
+    ) -> SSAValue:
         """Lower a custom region to tile expressions and return its yielded value."""
         block = op.body.blocks[0]
         args = list(block.args)
@@ -417,21 +465,52 @@ class Lowering:
         env[args[2]], env[args[3]] = ctx["q_idx"], ctx["kv_idx"]
         extras = {a: self.tensor(p, e) for a, e in zip(args[4:], op.extras, strict=True)}
         cmp_i = {0: "==", 1: "!=", 2: "<", 3: "<=", 4: ">", 5: ">=", 6: "<", 7: "<=", 8: ">", 9: ">="}
-        cmp_f = {1: "==", 2: ">", 3: ">=", 4: "<", 5: "<=", 6: "!=", 8: "==", 9: ">", 10: ">=",
-                 11: "<", 12: "<=", 13: "!="}
+        cmp_f = {
+            1: "==",
+            2: ">",
+            3: ">=",
+            4: "<",
+            5: "<=",
+            6: "!=",
+            8: "==",
+            9: ">",
+            10: ">=",
+            11: "<",
+            12: "<=",
+            13: "!=",
+        }
         simple: dict[type, Callable[[SSAValue, SSAValue], SSAValue]] = {
-            arith.AddiOp: kb.add, arith.AddfOp: kb.add, arith.SubiOp: kb.sub, arith.SubfOp: kb.sub,
-            arith.MuliOp: kb.mul, arith.MulfOp: kb.mul, arith.DivfOp: kb.div,
-            arith.DivSIOp: kb.floordiv, arith.RemSIOp: kb.rem, arith.AndIOp: kb.and_,
-            arith.OrIOp: kb.or_, arith.XOrIOp: lambda a, b: kb.binary(tl.XorOp, a, b),
-            arith.MaxSIOp: kb.maximum, arith.MinSIOp: kb.minimum,
-            arith.MaximumfOp: kb.maximum, arith.MinimumfOp: kb.minimum,
-            arith.MaxnumfOp: kb.maximum, arith.MinnumfOp: kb.minimum,
+            arith.AddiOp: kb.add,
+            arith.AddfOp: kb.add,
+            arith.SubiOp: kb.sub,
+            arith.SubfOp: kb.sub,
+            arith.MuliOp: kb.mul,
+            arith.MulfOp: kb.mul,
+            arith.DivfOp: kb.div,
+            arith.DivSIOp: kb.floordiv,
+            arith.RemSIOp: kb.rem,
+            arith.AndIOp: kb.and_,
+            arith.OrIOp: kb.or_,
+            arith.XOrIOp: lambda a, b: kb.binary(tl.XorOp, a, b),
+            arith.MaxSIOp: kb.maximum,
+            arith.MinSIOp: kb.minimum,
+            arith.MaximumfOp: kb.maximum,
+            arith.MinimumfOp: kb.minimum,
+            arith.MaxnumfOp: kb.maximum,
+            arith.MinnumfOp: kb.minimum,
         }
         unary: dict[type, type[tl.UnaryOp]] = {
-            math.ExpOp: tl.ExpOp, math.LogOp: tl.LogOp, math.Exp2Op: tl.Exp2Op, math.Log2Op: tl.Log2Op,
-            math.SqrtOp: tl.SqrtOp, math.RsqrtOp: tl.RsqrtOp, math.AbsFOp: tl.AbsOp,
-            math.AbsIOp: tl.AbsOp, math.SinOp: tl.SinOp, math.CosOp: tl.CosOp, arith.NegfOp: tl.NegOp,
+            math.ExpOp: tl.ExpOp,
+            math.LogOp: tl.LogOp,
+            math.Exp2Op: tl.Exp2Op,
+            math.Log2Op: tl.Log2Op,
+            math.SqrtOp: tl.SqrtOp,
+            math.RsqrtOp: tl.RsqrtOp,
+            math.AbsFOp: tl.AbsOp,
+            math.AbsIOp: tl.AbsOp,
+            math.SinOp: tl.SinOp,
+            math.CosOp: tl.CosOp,
+            arith.NegfOp: tl.NegOp,
         }
         for inner in block.ops:
             o = [env.get(x) for x in inner.operands]
@@ -453,8 +532,7 @@ class Lowering:
             elif isinstance(inner, arith.FloorDivSIOp):
                 q = kb.floordiv(o[0], o[1])
                 r = kb.rem(o[0], o[1])
-                adjust = kb.and_(kb.cmp("!=", r, 0),
-                                 kb.cmp("!=", kb.cmp("<", o[0], 0), kb.cmp("<", o[1], 0)))
+                adjust = kb.and_(kb.cmp("!=", r, 0), kb.cmp("!=", kb.cmp("<", o[0], 0), kb.cmp("<", o[1], 0)))
                 res = kb.sub(q, kb.cast(adjust, i32))
             elif isinstance(inner, arith.CmpiOp):
                 pred = inner.predicate.value.data
@@ -493,14 +571,11 @@ class Lowering:
                     tile_index |= tl.is_tile(idx.type)
                 res = kb.load(ptr, ctx["valid"] if tile_index else None, 0)
             else:
-                raise DiagnosticException(
-                    f"'{inner.name}' in an {op.name} region has no Triton lowering"
-                )
+                raise DiagnosticException(f"'{inner.name}' in an {op.name} region has no Triton lowering")
             env[inner.results[0]] = res
         raise DiagnosticException(f"{op.name} region has no attn.yield")
 
-    def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: dict[str, SSAValue],
-                  masked: bool) -> SSAValue:
+    def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: dict[str, SSAValue], masked: bool) -> SSAValue:
         """Apply the score chain to `s`; masks only where `masked` (partial blocks).
 
         Masks are applied after the last score op, whatever their place in the chain: a
@@ -517,8 +592,7 @@ class Lowering:
             elif isinstance(op, attn.BiasOp):
                 if op.kind.data == "alibi":
                     slopes = self.tensor(p, op.extras[0])
-                    slope = kb.cast(kb.load(kb.add(slopes.ptr, kb.mul(ctx["h"], slopes.strides[0])),
-                                            hint="slope"), f32)
+                    slope = kb.cast(kb.load(kb.add(slopes.ptr, kb.mul(ctx["h"], slopes.strides[0])), hint="slope"), f32)
                     rel = kb.cast(kb.sub(ctx["kv_idx"], ctx["q_idx"]), f32)
                     s = kb.add(s, kb.mul(rel, slope), hint="s_biased")
                 else:
@@ -549,8 +623,7 @@ class Lowering:
         if kind == "document":
             ids = self.tensor(p, op.extras[0])
             base = kb.add(ids.ptr, kb.mul(ctx["b"], ids.strides[0]))
-            doc_k = kb.load(kb.add(base, kb.mul(kv, ids.strides[1])), ctx["kv_ok_col"], -2,
-                            hint="doc_k")
+            doc_k = kb.load(kb.add(base, kb.mul(kv, ids.strides[1])), ctx["kv_ok_col"], -2, hint="doc_k")
             return kb.cmp("==", ctx[f"doc_q_{ids.ptr.name_hint}"], doc_k, hint="same_doc")
         return self.region_value(kb, p, op, ctx, None)
 
@@ -631,15 +704,19 @@ class Lowering:
         # Q prologue: load, transform, fold the scale (and log2 e), cast once.
         q_base = kb.add(kb.add(q.ptr, kb.mul(b, q.strides[0])), kb.mul(h, q.strides[1]), hint="q_base")
         q_x = self.transformed(
-            kb, p, v.q_chain,
+            kb,
+            p,
+            v.q_chain,
             lambda chans: self.load_tile(kb, q_base, offs_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
-            q_pos, row_ok, True, "q",
+            q_pos,
+            row_ok,
+            True,
+            "q",
         )
         q_tile = kb.cast(kb.mul(q_x, self.q_prescale), self.dtype, hint="q_tile")
 
         k_base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
-        v_base = kb.add(kb.add(vt.ptr, kb.mul(b, vt.strides[0])), kb.mul(hk, vt.strides[1]),
-                        hint="v_base")
+        v_base = kb.add(kb.add(vt.ptr, kb.mul(b, vt.strides[0])), kb.mul(hk, vt.strides[1]), hint="v_base")
         offs_d = kb.arange(self.dpad, hint="offs_d")
         bdv = _pow2(self.dv)
         offs_dv = kb.arange(bdv, hint="offs_dv")
@@ -665,6 +742,7 @@ class Lowering:
             def build(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue]) -> dict[str, SSAValue]:
                 offs_n = ib.add(start_n, ib.arange(block_n), hint="offs_n")
                 kv_ok = ib.cmp("<", offs_n, nk, hint="kv_ok") if masked else None
+
                 def load_k(chans: SSAValue) -> SSAValue:
                     return self.load_tile(ib, k_base, offs_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
 
@@ -692,8 +770,11 @@ class Lowering:
                 alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
                 l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", pr, 1), hint="l_new")
                 acc_s = ib.mul(c["acc"], ib.row(alpha), hint="acc_scaled")
-                v_ptr = ib.add(ib.add(v_base, ib.mul(ib.row(offs_n), vt.strides[2])),
-                               ib.mul(ib.col(offs_dv), vt.strides[3]), hint="v_ptr")
+                v_ptr = ib.add(
+                    ib.add(v_base, ib.mul(ib.row(offs_n), vt.strides[2])),
+                    ib.mul(ib.col(offs_dv), vt.strides[3]),
+                    hint="v_ptr",
+                )
                 vmask = ib.row(kv_ok) if kv_ok is not None else None
                 if dv_ok is not None:
                     vmask = ib.col(dv_ok) if vmask is None else ib.and_(vmask, ib.col(dv_ok))
@@ -710,8 +791,9 @@ class Lowering:
         m_i, l_i, acc = carried["m_i"], carried["l_i"], carried["acc"]
         if v.softmax.sink is not None:
             sink = self.tensor(p, v.softmax.sink)
-            sk = kb.mul(kb.cast(kb.load(kb.add(sink.ptr, kb.mul(h, sink.strides[0])), hint="sink"), f32),
-                        LOG2E, hint="sink2")
+            sk = kb.mul(
+                kb.cast(kb.load(kb.add(sink.ptr, kb.mul(h, sink.strides[0])), hint="sink"), f32), LOG2E, hint="sink2"
+            )
             m_new = kb.maximum(m_i, sk, hint="m_sink")
             alpha = kb.unary(tl.Exp2Op, kb.sub(m_i, m_new))
             l_i = kb.add(kb.mul(l_i, alpha), kb.unary(tl.Exp2Op, kb.sub(sk, m_new)), hint="l_sink")
@@ -720,9 +802,11 @@ class Lowering:
         empty = kb.cmp("==", l_i, 0.0, hint="empty_row")
         l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
         out = kb.cast(kb.div(acc, kb.row(l_safe)), self.dtype, hint="out")
-        o_ptr = kb.add(kb.add(kb.add(out_ptr, kb.mul(b, out_strides[0])), kb.mul(h, out_strides[1])),
-                       kb.add(kb.mul(kb.row(offs_m), out_strides[2]), kb.mul(kb.col(offs_dv), out_strides[3])),
-                       hint="o_ptr")
+        o_ptr = kb.add(
+            kb.add(kb.add(out_ptr, kb.mul(b, out_strides[0])), kb.mul(h, out_strides[1])),
+            kb.add(kb.mul(kb.row(offs_m), out_strides[2]), kb.mul(kb.col(offs_dv), out_strides[3])),
+            hint="o_ptr",
+        )
         omask = kb.row(row_ok)
         if dv_ok is not None:
             omask = kb.and_(omask, kb.col(dv_ok))
@@ -752,14 +836,22 @@ class Lowering:
         ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
         base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
         k_x = self.transformed(
-            kb, p, v.k_chain,
+            kb,
+            p,
+            v.k_chain,
             lambda chans: self.load_tile(kb, base, offs_n, ok, k.strides[2], k.strides[3], chans, True, "k"),
-            offs_n, ok, True, "k",
+            offs_n,
+            ok,
+            True,
+            "k",
         )
         offs_d = kb.arange(self.dpad, hint="offs_d")
         out_base = kb.add(kb.add(k_rot_ptr, kb.mul(b, k_rot_strides[0])), kb.mul(hk, k_rot_strides[1]))
-        ptr = kb.add(kb.add(out_base, kb.mul(kb.row(offs_n), k_rot_strides[2])),
-                     kb.mul(kb.col(offs_d), k_rot_strides[3]), hint="k_rot_ptr")
+        ptr = kb.add(
+            kb.add(out_base, kb.mul(kb.row(offs_n), k_rot_strides[2])),
+            kb.mul(kb.col(offs_d), k_rot_strides[3]),
+            hint="k_rot_ptr",
+        )
         mask = kb.row(ok)
         if self.dpad != self.d:
             mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
@@ -769,8 +861,9 @@ class Lowering:
 
     def kernel(self, name: str, p: Params) -> tl.KernelOp:
         arg_types = [a.type for a in p.block.args]
-        kernel = tl.KernelOp(name, arg_types, [a.name_hint or f"a{i}" for i, a in enumerate(p.block.args)],
-                             p.constexprs)
+        kernel = tl.KernelOp(
+            name, arg_types, [a.name_hint or f"a{i}" for i, a in enumerate(p.block.args)], p.constexprs
+        )
         # Move the built body into the kernel (keeping the arguments we created).
         old = kernel.body.block
         kernel.body.detach_block(old)
@@ -782,14 +875,23 @@ class Lowering:
         v = self.v
         q, k = self.names[self.arg_index(v.q_arg)], self.names[self.arg_index(v.k_arg)]
         ops: list[Operation] = [
-            tl.AllocOp("out", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.dv)],
-                       dtype_name(self.dtype, "torch"), f"{q}.device"),
-            tl.AllocOp("lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32",
-                       f"{q}.device"),
+            tl.AllocOp(
+                "out",
+                [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.dv)],
+                dtype_name(self.dtype, "torch"),
+                f"{q}.device",
+            ),
+            tl.AllocOp("lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device"),
         ]
         if self.k_placement == "prerotate":
-            ops.append(tl.AllocOp("k_rot", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
-                                  dtype_name(self.kdtype, "torch"), f"{k}.device"))
+            ops.append(
+                tl.AllocOp(
+                    "k_rot",
+                    [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
+                    dtype_name(self.kdtype, "torch"),
+                    f"{k}.device",
+                )
+            )
         for key, (values, magnitude) in self.tables.items():
             # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
             length = f"max({q}.shape[2], {k}.shape[2])"
@@ -850,8 +952,7 @@ class ConvertAttnToTlPass(ModulePass):
                 kernels.append(kr)
             km, pm = lowering.main_kernel()
             q = lowering.names[lowering.arg_index(v.q_arg)]
-            calls.append((km, pm, [f"{q}.shape[0] * {lowering.hq}",
-                                   f"triton.cdiv({q}.shape[2], {lowering.block_m})"]))
+            calls.append((km, pm, [f"{q}.shape[0] * {lowering.hq}", f"triton.cdiv({q}.shape[2], {lowering.block_m})"]))
             kernels.append(km)
             launcher = lowering.launcher(calls)
             block = f.parent_block()

@@ -52,8 +52,15 @@ GPU_MODELS: dict[int, GpuModel] = {
 
 
 def rotation_costs(
-    sm: int, seq_len: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
-    block_m: int = 128, batch: int = 1, elem_bytes: int = 2,
+    sm: int,
+    seq_len: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    causal: bool,
+    block_m: int = 128,
+    batch: int = 1,
+    elem_bytes: int = 2,
 ) -> tuple[float, float]:
     """(seconds K's transforms add when fused in the KV loop, when pre-rotated).
 
@@ -71,8 +78,9 @@ def rotation_costs(
     return fused, prerotate
 
 
-def crossover(sm: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool,
-              block_m: int = 128, batch: int = 1) -> int:
+def crossover(
+    sm: int, q_heads: int, kv_heads: int, head_dim: int, causal: bool, block_m: int = 128, batch: int = 1
+) -> int:
     """The smallest power-of-two N from 64 up at which pre-rotation is cheaper."""
     n = 64
     while n < 1 << 22:
@@ -120,19 +128,19 @@ class RopeFusionPass(ModulePass):
                 continue
             q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
             causal = any(m.kind.data in ("causal", "sliding_window") for m in v.masks)
-            fused_s, pre_s = rotation_costs(
-                sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal
-            )
+            fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
             mode = self.mode
             if mode == "auto":
                 mode = "fused" if fused_s <= pre_s else "prerotate"
             placement = "kv_loop" if mode == "fused" else "prerotate"
             for k_op in v.k_chain:
                 k_op.attributes["placement"] = StringAttr(placement)
-            f.attributes["attn.rope_fusion"] = DictionaryAttr({
-                "k": StringAttr(placement),
-                "sm": IntegerAttr(sm, i64),
-                "seq_len": IntegerAttr(seq_len, i64),
-                "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
-                "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
-            })
+            f.attributes["attn.rope_fusion"] = DictionaryAttr(
+                {
+                    "k": StringAttr(placement),
+                    "sm": IntegerAttr(sm, i64),
+                    "seq_len": IntegerAttr(seq_len, i64),
+                    "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
+                    "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
+                }
+            )

@@ -96,10 +96,7 @@ def qkv(
     g = torch.Generator().manual_seed(seed)
     nk = nq if nk is None else nk
     dv = d if dv is None else dv
-    return [
-        torch.randn(shape, generator=g).to(dtype)
-        for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))
-    ]
+    return [torch.randn(shape, generator=g).to(dtype) for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))]
 
 
 _MODULES: dict[str, ModuleType] = {}
@@ -127,8 +124,7 @@ def run_kernel(ir: str, args: Sequence[torch.Tensor], folder: Path, **options):
     return out, lse, compiled.source
 
 
-def check(ir: str, args: Sequence[torch.Tensor], folder: Path, *, atol: float | None = None,
-          **options) -> str:
+def check(ir: str, args: Sequence[torch.Tensor], folder: Path, *, atol: float | None = None, **options) -> str:
     """Run the generated kernel and the reference on `args`; assert that the outputs
     and the log-sum-exps agree. Returns the generated source."""
     out, lse, source = run_kernel(ir, args, folder, **options)

@@ -46,7 +46,12 @@ def llama3_inv_freq(
 
 
 def yarn_inv_freq(
-    theta: float, rotary_dim: int, factor: float, original: float, beta_fast: float = 32.0, beta_slow: float = 1.0,
+    theta: float,
+    rotary_dim: int,
+    factor: float,
+    original: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
     truncate: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071), the correction range rounded out to whole dims when

@@ -160,18 +160,27 @@ FAMILIES = {
     "sliding_window": (dict(score_ops=["attn.mask {s} sliding_window(64)"]), None),
     "prefix_lm": (dict(score_ops=["attn.mask {s} prefix_lm(50)"]), None),
     "softcap": (dict(score_ops=["attn.softcap {s} cap = 30.0", CAUSAL]), None),
-    "alibi": (dict(score_ops=[f"attn.bias {{s}} alibi(%sl : tensor<{HQ}xf32>)", CAUSAL],
-                   extras=[f"%sl: tensor<{HQ}xf32>"]),
-              lambda dtype, n: [torch.tensor([0.5, 0.25, 0.125, 0.0625])]),
-    "sinks": (dict(score_ops=[CAUSAL], softmax=f"sink(%sk : tensor<{HQ}xf32>)", extras=[f"%sk: tensor<{HQ}xf32>"]),
-              lambda dtype, n: [torch.tensor([0.0, 1.5, -2.0, 4.0])]),
-    "document": (dict(score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi32>)"],
-                      extras=["%ids: tensor<?x?xi32>"]),
-                 lambda dtype, n: [doc_ids(n)]),
-    "qknorm_rope": (dict(q_ops=["attn.norm {x} eps = 1.0e-06 weight(%qw : tensor<64x{E}>)", ROPE],
-                         k_ops=["attn.norm {x} eps = 1.0e-06 weight(%kw : tensor<64x{E}>)", ROPE],
-                         score_ops=[CAUSAL], extras=["%qw: tensor<64x{E}>", "%kw: tensor<64x{E}>"]),
-                    lambda dtype, n: [(1 + 0.2 * randn(D, dtype=torch.float32, seed=s)).to(dtype) for s in (5, 6)]),
+    "alibi": (
+        dict(score_ops=[f"attn.bias {{s}} alibi(%sl : tensor<{HQ}xf32>)", CAUSAL], extras=[f"%sl: tensor<{HQ}xf32>"]),
+        lambda dtype, n: [torch.tensor([0.5, 0.25, 0.125, 0.0625])],
+    ),
+    "sinks": (
+        dict(score_ops=[CAUSAL], softmax=f"sink(%sk : tensor<{HQ}xf32>)", extras=[f"%sk: tensor<{HQ}xf32>"]),
+        lambda dtype, n: [torch.tensor([0.0, 1.5, -2.0, 4.0])],
+    ),
+    "document": (
+        dict(score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi32>)"], extras=["%ids: tensor<?x?xi32>"]),
+        lambda dtype, n: [doc_ids(n)],
+    ),
+    "qknorm_rope": (
+        dict(
+            q_ops=["attn.norm {x} eps = 1.0e-06 weight(%qw : tensor<64x{E}>)", ROPE],
+            k_ops=["attn.norm {x} eps = 1.0e-06 weight(%kw : tensor<64x{E}>)", ROPE],
+            score_ops=[CAUSAL],
+            extras=["%qw: tensor<64x{E}>", "%kw: tensor<64x{E}>"],
+        ),
+        lambda dtype, n: [(1 + 0.2 * randn(D, dtype=torch.float32, seed=s)).to(dtype) for s in (5, 6)],
+    ),
     "rope_partial_interleaved": (dict(q_ops=[ROPE_PARTIAL], k_ops=[ROPE_PARTIAL], score_ops=[CAUSAL]), None),
 }
 ROPE_FAMILIES = {"qknorm_rope", "rope_partial_interleaved"}

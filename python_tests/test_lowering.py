@@ -165,8 +165,7 @@ ROPES = {
     "partial_interleaved": rope("interleaved", 16),
     "llama3": rope(extra=" scaling = #attn.rope_scaling<llama3, factor = 8.0, original_max_position = 32.0>"),
     "yarn": rope(
-        extra=" scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 16.0, "
-        "attention_factor = 1.25>"
+        extra=" scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 16.0, attention_factor = 1.25>"
     ),
 }
 
@@ -249,8 +248,10 @@ MASKS = {
     "causal_and_window": ([CAUSAL, "attn.mask {s} sliding_window(40)"], 100),
     "prefix_and_window": (["attn.mask {s} prefix_lm(21)", "attn.mask {s} sliding_window(17)"], 100),
     "custom_region_causal": (
-        ["attn.mask {s} custom {\n  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32):\n"
-         "    %le = arith.cmpi sle, %ki, %qi : i32\n    attn.yield %le : i1\n  }"],
+        [
+            "attn.mask {s} custom {\n  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32):\n"
+            "    %le = arith.cmpi sle, %ki, %qi : i32\n    attn.yield %le : i1\n  }"
+        ],
         70,
     ),
 }
@@ -268,9 +269,7 @@ def test_masks_f32(kdir, name):
     check(variant(dtype=F32, score_ops=score_ops), qkv(dtype=F32, nq=n), kdir)
 
 
-@pytest.mark.parametrize(
-    "block_m, block_n", [(16, 16), (16, 64), (64, 16)], ids=["16x16", "16x64", "64x16"]
-)
+@pytest.mark.parametrize("block_m, block_n", [(16, 16), (16, 64), (64, 16)], ids=["16x16", "16x64", "64x16"])
 @pytest.mark.parametrize(
     "masks",
     [["attn.mask {s} sliding_window(7)"], ["attn.mask {s} prefix_lm(21)", "attn.mask {s} sliding_window(17)"]],
@@ -294,9 +293,7 @@ def test_document_mask(kdir):
 
 
 def test_document_causal_fewer_queries_i64_ids(kdir):
-    ir = variant(
-        score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi64>)"], extras=["%ids: tensor<?x?xi64>"]
-    )
+    ir = variant(score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi64>)"], extras=["%ids: tensor<?x?xi64>"])
     check(ir, qkv(b=2, nq=25, nk=70) + [doc_ids(2, 70).long()], kdir)
 
 
@@ -318,7 +315,8 @@ def test_custom_region_mask(kdir, dtype):
 
 
 @pytest.mark.parametrize(
-    "after", ["attn.softcap {s} cap = 5.0", ABS_SCORE, "attn.bias {s} alibi(%sl : tensor<2xf32>)"],
+    "after",
+    ["attn.softcap {s} cap = 5.0", ABS_SCORE, "attn.bias {s} alibi(%sl : tensor<2xf32>)"],
     ids=["softcap", "score_mod_abs", "alibi"],
 )
 def test_mask_before_other_score_ops(kdir, after):
@@ -358,9 +356,9 @@ REGIONS = {
         "    %far = arith.cmpi sge, %d, %c : i64\n    %true = arith.constant true\n"
         "    %near = arith.xori %far, %true : i1\n    %past = arith.cmpi sge, %d, %c0 : i64\n"
         "    %keep = arith.andi %near, %past : i1\n    attn.yield %keep : i1"
-    ).replace("%c0 : i64", "%zero : i64").replace(
-        "    %d = arith.subi", "    %zero = arith.constant 0 : i64\n    %d = arith.subi"
-    ),
+    )
+    .replace("%c0 : i64", "%zero : i64")
+    .replace("    %d = arith.subi", "    %zero = arith.constant 0 : i64\n    %d = arith.subi"),
     "divisions": DIVISIONS,
 }
 
@@ -376,7 +374,8 @@ def test_padding_mask_from_lengths(kdir):
     mask = _mask_region(
         "    %len = attn.extract %L[%b] : tensor<?xi32>\n    %keep = arith.cmpi slt, %ki, %len : i32\n"
         "    attn.yield %keep : i1",
-        ", %L: tensor<?xi32>", "%lens : tensor<?xi32>",
+        ", %L: tensor<?xi32>",
+        "%lens : tensor<?xi32>",
     )
     ir = variant(score_ops=[mask], extras=["%lens: tensor<?xi32>"])
     check(ir, qkv(b=3, nq=40) + [torch.tensor([40, 13, 1], dtype=torch.int32)], kdir)
@@ -433,7 +432,10 @@ def test_softcap_sliding_window(kdir, dtype):
 @pytest.mark.parametrize("dtype", [F16, F32], ids=["f16", "f32"])
 def test_alibi_causal_gqa(kdir, dtype):
     ir = variant(
-        dtype=dtype, hq=4, hkv=2, score_ops=["attn.bias {s} alibi(%sl : tensor<4xf32>)", CAUSAL],
+        dtype=dtype,
+        hq=4,
+        hkv=2,
+        score_ops=["attn.bias {s} alibi(%sl : tensor<4xf32>)", CAUSAL],
         extras=["%sl: tensor<4xf32>"],
     )
     slopes = torch.tensor([2.0 ** (-8 * (i + 1) / 4) for i in range(4)])
@@ -452,7 +454,9 @@ def test_custom_bias_and_score_mod_causal(kdir):
 def test_sink_sliding_window(kdir, dtype):
     """gpt-oss: a learned sink logit per head, sliding window; softcap-free, so log2 e folded."""
     ir = variant(
-        dtype=dtype, score_ops=["attn.mask {s} sliding_window(16)"], softmax="sink(%sk : tensor<2x{E}>)",
+        dtype=dtype,
+        score_ops=["attn.mask {s} sliding_window(16)"],
+        softmax="sink(%sk : tensor<2x{E}>)",
         extras=["%sk: tensor<2x{E}>"],
     )
     check(ir, qkv(dtype=dtype, nq=60) + [torch.tensor([0.5, 3.0]).to(dtype)], kdir)
@@ -460,8 +464,10 @@ def test_sink_sliding_window(kdir, dtype):
 
 def test_sink_with_softcap_and_scale(kdir):
     ir = variant(
-        dtype=F32, score_ops=["attn.softcap {s} cap = 3.0", "attn.scale {s} value = 2.0", CAUSAL],
-        softmax="sink(%sk : tensor<2xf32>)", extras=["%sk: tensor<2xf32>"],
+        dtype=F32,
+        score_ops=["attn.softcap {s} cap = 3.0", "attn.scale {s} value = 2.0", CAUSAL],
+        softmax="sink(%sk : tensor<2xf32>)",
+        extras=["%sk: tensor<2xf32>"],
     )
     check(ir, qkv(dtype=F32) + [torch.tensor([0.5, 3.0])], kdir)
 
@@ -482,7 +488,8 @@ def test_fully_masked_rows_give_zeros(kdir):
 def test_fully_masked_rows_with_sink(kdir):
     """With a sink, an empty row is still 0, and its log-sum-exp is the sink logit."""
     ir = variant(
-        score_ops=["attn.mask {s} sliding_window(8)", STRICT_CAUSAL], softmax="sink(%sk : tensor<2xf32>)",
+        score_ops=["attn.mask {s} sliding_window(8)", STRICT_CAUSAL],
+        softmax="sink(%sk : tensor<2xf32>)",
         extras=["%sk: tensor<2xf32>"],
     )
     sinks = torch.tensor([0.5, -3.0])
@@ -496,21 +503,24 @@ def test_fully_masked_rows_with_sink(kdir):
 # ----------------------------------------------------------------------------- shapes
 
 
-@pytest.mark.parametrize("nq, nk", [(45, 45), (77, 77), (1, 77), (20, 70), (50, 20)],
-                         ids=["n45", "n77", "decode", "nq_lt_nk", "nq_gt_nk"])
+@pytest.mark.parametrize(
+    "nq, nk", [(45, 45), (77, 77), (1, 77), (20, 70), (50, 20)], ids=["n45", "n77", "decode", "nq_lt_nk", "nq_gt_nk"]
+)
 def test_lengths(kdir, nq, nk):
     """N not a multiple of the tiles, decode (Nq = 1), Nq < Nk and Nq > Nk, causal."""
     check(variant(score_ops=[CAUSAL]), qkv(nq=nq, nk=nk), kdir)
 
 
-@pytest.mark.parametrize("hq, hkv, nq, nk", [(4, 2, 40, 40), (4, 1, 1, 77), (6, 3, 17, 50)],
-                         ids=["gqa_4_2", "mqa_decode", "gqa_6_3"])
+@pytest.mark.parametrize(
+    "hq, hkv, nq, nk", [(4, 2, 40, 40), (4, 1, 1, 77), (6, 3, 17, 50)], ids=["gqa_4_2", "mqa_decode", "gqa_6_3"]
+)
 def test_gqa(kdir, hq, hkv, nq, nk):
     check(variant(hq=hq, hkv=hkv, score_ops=[CAUSAL]), qkv(hq=hq, hkv=hkv, nq=nq, nk=nk), kdir)
 
 
-@pytest.mark.parametrize("d, dv", [(16, 16), (80, 80), (128, 128), (32, 16), (32, 48)],
-                         ids=["d16", "d80", "d128", "dv16", "dv48"])
+@pytest.mark.parametrize(
+    "d, dv", [(16, 16), (80, 80), (128, 128), (32, 16), (32, 48)], ids=["d16", "d80", "d128", "dv16", "dv48"]
+)
 def test_head_dims(kdir, d, dv):
     """Head dims padded to powers of two with masks, and a value head dim != qk's."""
     check(variant(d=d, dv=dv, score_ops=[CAUSAL]), qkv(d=d, dv=dv, nq=45), kdir)
@@ -525,10 +535,18 @@ def test_rope_head_dim_80(kdir, mode):
 
 @pytest.mark.parametrize("mode", ["fused", "prerotate"])
 def test_rope_head_dim_16_partial_interleaved_80(kdir, mode):
-    check(variant(d=16, q_ops=[rope(rotary_dim=16)], k_ops=[rope(rotary_dim=16)], score_ops=[CAUSAL]),
-          qkv(d=16), kdir, rope_mode=mode)
-    check(variant(d=80, q_ops=[rope("interleaved", 48)], k_ops=[rope("interleaved", 48)], score_ops=[CAUSAL]),
-          qkv(d=80), kdir, rope_mode=mode)
+    check(
+        variant(d=16, q_ops=[rope(rotary_dim=16)], k_ops=[rope(rotary_dim=16)], score_ops=[CAUSAL]),
+        qkv(d=16),
+        kdir,
+        rope_mode=mode,
+    )
+    check(
+        variant(d=80, q_ops=[rope("interleaved", 48)], k_ops=[rope("interleaved", 48)], score_ops=[CAUSAL]),
+        qkv(d=80),
+        kdir,
+        rope_mode=mode,
+    )
 
 
 def bshd(*tensors: torch.Tensor) -> list[torch.Tensor]:

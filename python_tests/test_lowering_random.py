@@ -56,10 +56,13 @@ def compositions(draw):
             ops.append(f"attn.scale {{x}} value = {draw(st.sampled_from([0.5, 1.5, -1.0]))}")
         chains.append(ops)
 
-    blocks = draw(st.lists(
-        st.sampled_from(["scale", "softcap", "alibi", "causal", "window", "prefix", "document"]),
-        unique=True, max_size=4,
-    ))
+    blocks = draw(
+        st.lists(
+            st.sampled_from(["scale", "softcap", "alibi", "causal", "window", "prefix", "document"]),
+            unique=True,
+            max_size=4,
+        )
+    )
     score_ops = []
     for block in draw(st.permutations(blocks)):
         if block == "scale":
@@ -84,8 +87,18 @@ def compositions(draw):
         tensor(f"%sink: tensor<{hq}xf32>", torch.randn(hq, generator=gen))
         softmax = f"sink(%sink : tensor<{hq}xf32>)"
 
-    ir = variant(dtype=dtype, hq=hq, hkv=hkv, d=d, dv=dv, q_ops=chains[0], k_ops=chains[1],
-                 score_ops=score_ops, softmax=softmax, extras=extras)
+    ir = variant(
+        dtype=dtype,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        dv=dv,
+        q_ops=chains[0],
+        k_ops=chains[1],
+        score_ops=score_ops,
+        softmax=softmax,
+        extras=extras,
+    )
     inputs = qkv(b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dv=dv, dtype=dtype, seed=draw(st.integers(0, 99)))
     options = {
         "rope_mode": draw(st.sampled_from(["fused", "prerotate"])),
