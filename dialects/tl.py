@@ -12,11 +12,17 @@ Types: `!tl.tile<T>` is a block of T (shape implicit, as in Triton source);
 
 from __future__ import annotations
 
+import builtins
+import keyword
 from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
     FloatAttr,
     IntAttr,
     IntegerAttr,
@@ -56,7 +62,7 @@ from xdsl.irdl import (
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, NoTerminator, SymbolOpInterface
-from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.exceptions import DiagnosticException, VerifyException
 
 # --------------------------------------------------------------------------- types
 
@@ -1023,3 +1029,45 @@ TL = Dialect(
     ],
     [TileType, PointerType],
 )
+
+
+# Names of the generated Python module, shared by the lowering (launcher parameters) and the
+# printer (kernel values).
+
+RESERVED_NAMES = (
+    set(keyword.kwlist)
+    | set(dir(builtins))
+    | {
+        "tl",
+        "triton",
+        "torch",
+        "range",
+        "float",
+        "int",
+        "launch",
+        "_launch",
+        "_rope_table",
+        "_TABLES",
+        "_BINARIES",
+        "_DRIVER",
+    }
+)
+"""Names a generated module uses itself (keywords, builtins, imports, its helpers): kernel
+values and launcher parameters must not take them."""
+
+
+def dtype_name(t: Attribute, prefix: str = "tl") -> str:
+    """`tl.float16` etc. for a scalar type."""
+    names = {
+        Float16Type: "float16",
+        BFloat16Type: "bfloat16",
+        Float32Type: "float32",
+        Float64Type: "float64",
+    }
+    for cls, n in names.items():
+        if isinstance(t, cls):
+            return f"{prefix}.{n}"
+    if isinstance(t, IntegerType):
+        width = t.width.data
+        return f"{prefix}.int1" if width == 1 and prefix == "tl" else f"{prefix}.int{width}"
+    raise DiagnosticException(f"no Triton dtype for {t}")

@@ -34,8 +34,8 @@ from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.analysis import Variant, analyse, variant_funcs
 from attnfuse.dialects import attn, tl
+from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.rope_freqs import op_inv_freq
-from attnfuse.triton_printer import RESERVED_NAMES, dtype_name
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
