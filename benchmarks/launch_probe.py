@@ -2,6 +2,8 @@
 (`_launch`) against Triton's own launch path, and the CUDA-graph floor.
 
     python benchmarks/launch_probe.py
+    python benchmarks/launch_probe.py --cpu-smoke   # no GPU: tiny shapes, the interpreter
+
 
 For causal and RoPE+causal at both shapes and N = 512, 1024, 2048: back-to-back host time
 per call (µs; the GPU-bound floor when the kernels take longer), do_bench medians (ms) of the
@@ -10,6 +12,7 @@ work: the GPU-only floor), and the variant again with a no-op Triton launch hook
 which sends every launch through Triton's path (what the generated code did before
 `_launch`)."""
 
+import argparse
 import statistics
 import sys
 import time
@@ -24,15 +27,20 @@ import common as C  # noqa: E402
 import attnfuse as af  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def per_call_us(fn, calls=3000, repeats=5):
     fn()
-    torch.cuda.synchronize()
+    _sync()
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         ts.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(ts)
 
@@ -90,15 +98,35 @@ def measure(var, q, k, v) -> dict[str, float]:
     return res
 
 
+def smoke(var, q, k, v) -> dict[str, float]:
+    """--cpu-smoke: the variant under the interpreter, checked against the reference, and
+    the host time of its cache-hit call (no GPU timings)."""
+    with af.backend("interpret"):
+        out = var(q, k, v)
+        with af.backend("reference"):
+            ref = var(q, k, v)
+        torch.testing.assert_close(out.float(), ref.float(), atol=C.ATOL, rtol=C.RTOL)
+        return {"variant call us": per_call_us(lambda: var(q, k, v), calls=3, repeats=1)}
+
+
 def main():
-    print(torch.__version__, triton.__version__, torch.cuda.get_device_name())
-    for shape in C.SHAPES.values():
-        for n in (512, 1024, 2048):
-            q = torch.randn(shape.batch, shape.q_heads, n, shape.head_dim, device="cuda", dtype=shape.dtype)
-            k = torch.randn(shape.batch, shape.kv_heads, n, shape.head_dim, device="cuda", dtype=shape.dtype)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--cpu-smoke", action="store_true", help="no GPU: tiny shapes, generated kernels under the Triton interpreter"
+    )
+    args = ap.parse_args()
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        sys.exit("launch_probe.py measures GPU launches and needs CUDA; use --cpu-smoke without a GPU")
+    device = "cpu" if args.cpu_smoke else "cuda"
+    shapes, ns = (C.SMOKE_SHAPES, (16, 40)) if args.cpu_smoke else (C.SHAPES, (512, 1024, 2048))
+    print(torch.__version__, triton.__version__, torch.cuda.get_device_name() if device == "cuda" else "cpu")
+    for shape in shapes.values():
+        for n in ns:
+            q = torch.randn(shape.batch, shape.q_heads, n, shape.head_dim, device=device, dtype=shape.dtype)
+            k = torch.randn(shape.batch, shape.kv_heads, n, shape.head_dim, device=device, dtype=shape.dtype)
             v = torch.randn_like(k)
             for var in (causal, rope_causal):
-                res = measure(var, q, k, v)
+                res = smoke(var, q, k, v) if args.cpu_smoke else measure(var, q, k, v)
                 print(
                     f"{shape.name} N={n} {var.__name__}: " + ", ".join(f"{k2} {v2:.4g}" for k2, v2 in res.items()),
                     flush=True,
