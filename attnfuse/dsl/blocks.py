@@ -1,0 +1,325 @@
+"""The ten building blocks (`af.rope` ... `af.pv`) and RoPE's scaling schemes.
+
+Each block checks its arguments, appends its `attn` op to the variant being traced
+(`attnfuse.dsl.tracing`) and verifies it at once, so that a bad block is reported where
+it is called. The scaling builders (`linear_scaling`, `llama3_scaling`, `yarn_scaling`,
+`rope_scaling`) make the `#attn.rope_scaling` attribute of `af.rope(scaling=...)`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
+from xdsl.ir import Operation
+from xdsl.utils.exceptions import VerifyException
+
+from attnfuse.dialects import attn
+from attnfuse.dsl.predicates import CustomMask, NamedMask, _Alibi, _as_predicate, _extra_arg, _int_param
+from attnfuse.dsl.scalars import _describe, _Proxy
+from attnfuse.dsl.tracing import ELEMENT_TYPES, ProbsProxy, ScoresProxy, TensorProxy, _tracer
+from attnfuse.errors import AttnFuseError
+
+# --------------------------------------------------------------------------- rope scaling
+
+
+_HF_PARAM_NAMES = {"original_max_position_embeddings": "original_max_position"}
+_IGNORED_KEYS = {"type", "rope_type"}
+
+
+def _scaling_attr(kind: str, **params: float | bool | None) -> attn.RopeScalingAttr:
+    spec = attn.ROPE_SCALINGS[kind]
+    values: dict[str, float | bool] = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        if isinstance(spec.get(k), bool):
+            if not isinstance(v, bool):
+                raise AttnFuseError(f"{kind} rope scaling parameter {k} must be True or False, got {v!r}")
+            values[k] = v
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise AttnFuseError(f"{kind} rope scaling parameter {k} must be a number, got {v!r}")
+        values[k] = float(v)
+    # Spell out every parameter with a default, so that equal schemes print (and hash) equal.
+    for k, default in spec.items():
+        if k not in values and default is not None and not (k == "attention_factor" and default == 0.0):
+            values[k] = default
+    try:
+        attr = attn.RopeScalingAttr(kind, **{k: values[k] for k in spec if k in values})
+        attr.verify()
+    except VerifyException as e:
+        raise AttnFuseError(str(e)) from None
+    return attr
+
+
+def linear_scaling(factor: float) -> attn.RopeScalingAttr:
+    """Position interpolation: every frequency divided by `factor`."""
+    return _scaling_attr("linear", factor=factor)
+
+
+def llama3_scaling(
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_max_position: float = 8192.0,
+) -> attn.RopeScalingAttr:
+    """Llama 3.1's scheme: wavelengths longer than original_max_position /
+    low_freq_factor are divided by `factor`, shorter than original_max_position /
+    high_freq_factor kept, and interpolated smoothly in between."""
+    return _scaling_attr(
+        "llama3",
+        factor=factor,
+        low_freq_factor=low_freq_factor,
+        high_freq_factor=high_freq_factor,
+        original_max_position=original_max_position,
+    )
+
+
+def yarn_scaling(
+    factor: float,
+    original_max_position: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    attention_factor: float | None = None,
+    truncate: bool = True,
+) -> attn.RopeScalingAttr:
+    """YaRN (arXiv 2309.00071): frequencies between beta_fast and beta_slow rotations
+    over original_max_position blend interpolation and extrapolation; cos and sin are
+    multiplied by attention_factor (default 0.1 * ln(factor) + 1). `truncate` rounds
+    the blend's dim range out to whole dims (Hugging Face's default); gpt-oss sets it
+    to False."""
+    return _scaling_attr(
+        "yarn",
+        factor=factor,
+        original_max_position=original_max_position,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        attention_factor=attention_factor,
+        truncate=truncate,
+    )
+
+
+def rope_scaling(scaling: object) -> attn.RopeScalingAttr | None:
+    """The `#attn.rope_scaling` of a `scaling=` argument: None, an attribute built by
+    the helpers above, or a dict such as a Hugging Face `rope_scaling` config
+    (`{"rope_type": "llama3", "factor": 8.0, ...}`; "type" works as well)."""
+    if scaling is None or isinstance(scaling, attn.RopeScalingAttr):
+        return scaling
+    if not isinstance(scaling, dict):
+        raise AttnFuseError(
+            f"rope scaling must be None, a dict or af.linear_scaling/llama3_scaling/yarn_scaling(...), "
+            f"got {_describe(scaling)}"
+        )
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind not in attn.ROPE_SCALINGS:
+        raise AttnFuseError(f"unknown rope scaling type {kind!r}, expected one of {', '.join(attn.ROPE_SCALINGS)}")
+    params: dict[str, Any] = {}
+    for k, v in scaling.items():
+        if k in _IGNORED_KEYS:
+            continue
+        name = _HF_PARAM_NAMES.get(k, k)
+        if name not in attn.ROPE_SCALINGS[kind]:
+            raise AttnFuseError(
+                f"{kind} rope scaling has no parameter {k!r}, expected {', '.join(attn.ROPE_SCALINGS[kind])}"
+            )
+        params[name] = v
+    missing = [k for k, d in attn.ROPE_SCALINGS[kind].items() if d is None and k not in params]
+    if missing:
+        raise AttnFuseError(f"{kind} rope scaling needs {', '.join(missing)}")
+    return _scaling_attr(kind, **params)
+
+
+# --------------------------------------------------------------------------- the ten blocks
+
+
+def _real(x: object, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise AttnFuseError(f"{what} must be a Python number, got {_describe(x)}")
+    return float(x)
+
+
+def _tensor(x: object, what: str) -> TensorProxy:
+    if isinstance(x, TensorProxy) and not x.is_output:
+        return x
+    if isinstance(x, TensorProxy):
+        raise AttnFuseError(f"{what} expects q, k or v, got the output of af.pv")
+    raise AttnFuseError(f"{what} expects q, k or v (a tensor argument of the variant), got {_describe(x)}")
+
+
+def _scores(x: object, what: str) -> ScoresProxy:
+    if isinstance(x, ScoresProxy):
+        return x
+    raise AttnFuseError(f"{what} expects scores (the result of af.qk or a score block), got {_describe(x)}")
+
+
+def rope(
+    x: TensorProxy,
+    theta: float = 10000.0,
+    style: str = "half",
+    rotary_dim: int | None = None,
+    scaling: object = None,
+    inv_freq: object = None,
+) -> TensorProxy:
+    """Rotary position embedding of q or k: rotate channel pairs of the first
+    `rotary_dim` (default: all) channels by pos * inv_freq[i], inv_freq[i] =
+    theta^(-2i/rotary_dim). `style` "half" pairs i with i + rotary_dim/2 (GPT-NeoX,
+    Llama), "interleaved" pairs 2i with 2i+1 (GPT-J). `scaling` changes the
+    frequencies (see `rope_scaling`); `inv_freq` gives them explicitly as a float
+    tensor [rotary_dim / 2] argument of the variant."""
+    t = _tracer("af.rope")
+    x = _tensor(x, "af.rope")
+    r = x.head_dim if rotary_dim is None else _int_param(rotary_dim, "af.rope rotary_dim", 1)
+    if style not in attn.RopeOp.STYLES:
+        raise AttnFuseError(f"af.rope style must be 'half' or 'interleaved', got {style!r}")
+    attr = rope_scaling(scaling)
+    freq = None
+    if inv_freq is not None:
+        if attr is not None:
+            raise AttnFuseError("af.rope takes either scaling= or inv_freq=, not both")
+        extra = _extra_arg(inv_freq, "af.rope inv_freq")._extra
+        extra.require_static((r // 2,), "af.rope inv_freq (rotary_dim / 2 frequencies)")
+        freq = extra.value
+    op = attn.RopeOp(
+        x.value, theta=_real(theta, "af.rope theta"), style=style, rotary_dim=r, scaling=attr, inv_freq=freq
+    )
+    op.output.name_hint = f"{x.name}_rope"
+    return TensorProxy(t.emit(op, "af.rope"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def qk_norm(x: TensorProxy, weight: object = None, eps: float = 1e-6) -> TensorProxy:
+    """RMS normalisation of q or k over the head dim, times an optional float weight
+    [D] (an argument of the variant): x * rsqrt(mean(x^2) + eps) * weight."""
+    t = _tracer("af.qk_norm")
+    x = _tensor(x, "af.qk_norm")
+    w = None
+    if weight is not None:
+        extra = _extra_arg(weight, "af.qk_norm weight")._extra
+        extra.require_static((x.head_dim,), f"af.qk_norm weight of {x.name} (its head dim)")
+        w = extra.value
+    op = attn.NormOp(x.value, w, _real(eps, "af.qk_norm eps"))
+    op.output.name_hint = f"{x.name}_norm"
+    return TensorProxy(t.emit(op, "af.qk_norm"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def scale(x: TensorProxy | ScoresProxy, c: float) -> Any:
+    """Multiply q or k (before af.qk) or the scores (after it) by the constant `c`."""
+    t = _tracer("af.scale")
+    value = _real(c, "af.scale factor")
+    if isinstance(x, ScoresProxy):
+        op = attn.ScaleOp(x.value, value)
+        op.output.name_hint = "s"
+        return ScoresProxy(t.emit(op, "af.scale"), x.heads)
+    x = _tensor(x, "af.scale")
+    op = attn.ScaleOp(x.value, value)
+    op.output.name_hint = f"{x.name}_scale"
+    return TensorProxy(t.emit(op, "af.scale"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def qk(q: TensorProxy, k: TensorProxy, scale: float | None = None) -> ScoresProxy:
+    """Scores q . k^T * scale (default 1/sqrt(head dim)); with GQA query head h reads
+    kv head h // (Hq / Hkv)."""
+    t = _tracer("af.qk")
+    q, k = _tensor(q, "af.qk q"), _tensor(k, "af.qk k")
+    op = attn.QKOp(q.value, k.value, None if scale is None else _real(scale, "af.qk scale"))
+    op.scores.name_hint = "s"
+    return ScoresProxy(t.emit(op, "af.qk"), q.heads)
+
+
+def mask(s: ScoresProxy, pred: object) -> ScoresProxy:
+    """Keep a score where `pred(b, h, q_idx, kv_idx)` holds, else -inf. Masks compose:
+    every mask applied must hold."""
+    t = _tracer("af.mask")
+    s = _scores(s, "af.mask")
+    for p in _as_predicate(pred).conjuncts():
+        if isinstance(p, NamedMask):
+            extras = []
+            if p.extra is not None:
+                ids = p.extra._extra
+                if ids.spec.ndim != 2 or ids.spec.dtype.is_floating_point:
+                    raise AttnFuseError(
+                        f"af.document ids ({ids.name}) must be an integer tensor [B, Nk], "
+                        f"got a {ids.spec.ndim}-d {ids.spec.dtype} tensor"
+                    )
+                ids.require_dim(0, "eq", "B", "document ids [B, Nk]")
+                ids.require_dim(1, "eq", "Nk", "document ids [B, Nk]")
+                extras = [ids.value]
+            op: Operation = attn.MaskOp(s.value, p.kind, p.param, extras)
+        else:
+            fn = p.fn if isinstance(p, CustomMask) else p
+            region, used = t.trace_region(fn, f"af.mask predicate {p!r}", "mask")
+            op = attn.MaskOp(s.value, "custom", None, [e.value for e in used], region)
+        op.results[0].name_hint = "s"
+        s = ScoresProxy(t.emit(op, "af.mask"), s.heads)
+    return s
+
+
+def bias(s: ScoresProxy, b: object) -> ScoresProxy:
+    """Add `b(b, h, q_idx, kv_idx)` to each score: af.alibi(slopes) or a callable."""
+    t = _tracer("af.bias")
+    s = _scores(s, "af.bias")
+    if isinstance(b, _Alibi):
+        extra = b.slopes._extra
+        extra.require_static((s.heads,), "af.alibi slopes (one per query head)")
+        op: Operation = attn.BiasOp(s.value, "alibi", [extra.value])
+    elif callable(b) and not isinstance(b, _Proxy):
+        name = getattr(b, "__name__", "bias")
+        region, used = t.trace_region(b, f"af.bias function {name}", "bias")
+        op = attn.BiasOp(s.value, "custom", [e.value for e in used], region)
+    else:
+        raise AttnFuseError(
+            f"af.bias expects af.alibi(slopes) or a callable fn(b, h, q_idx, kv_idx), got {_describe(b)}"
+        )
+    op.results[0].name_hint = "s"
+    return ScoresProxy(t.emit(op, "af.bias"), s.heads)
+
+
+def softcap(s: ScoresProxy, cap: float) -> ScoresProxy:
+    """cap * tanh(s / cap) (Gemma 2, Grok)."""
+    t = _tracer("af.softcap")
+    s = _scores(s, "af.softcap")
+    op = attn.SoftcapOp(s.value, _real(cap, "af.softcap cap"))
+    op.output.name_hint = "s"
+    return ScoresProxy(t.emit(op, "af.softcap"), s.heads)
+
+
+def score_mod(s: ScoresProxy, fn: Callable[..., Any]) -> ScoresProxy:
+    """Replace each score by fn(score, b, h, q_idx, kv_idx) (flex_attention's score_mod)."""
+    t = _tracer("af.score_mod")
+    s = _scores(s, "af.score_mod")
+    name = getattr(fn, "__name__", "score_mod")
+    region, used = t.trace_region(fn, f"af.score_mod function {name}", "score_mod")
+    op = attn.ScoreModOp(s.value, [e.value for e in used], region)
+    op.output.name_hint = "s"
+    return ScoresProxy(t.emit(op, "af.score_mod"), s.heads)
+
+
+def softmax(s: ScoresProxy, sink: object = None) -> ProbsProxy:
+    """Row softmax; a `sink` (float tensor [Hq], an argument of the variant) adds
+    exp(sink[h]) to each row's normaliser (gpt-oss)."""
+    t = _tracer("af.softmax")
+    s = _scores(s, "af.softmax")
+    value = None
+    if sink is not None:
+        extra = _extra_arg(sink, "af.softmax sink")._extra
+        extra.require_static((s.heads,), "af.softmax sink (one logit per query head)")
+        value = extra.value
+    op = attn.SoftmaxOp(s.value, value)
+    op.output.name_hint = "p"
+    return ProbsProxy(t.emit(op, "af.softmax"), s.heads)
+
+
+def pv(p: ProbsProxy, v: TensorProxy) -> TensorProxy:
+    """out = p . v: [B, Hq, Nq, Dv] in q's dtype; return it from the variant."""
+    t = _tracer("af.pv")
+    if not isinstance(p, ProbsProxy):
+        raise AttnFuseError(f"af.pv expects the result of af.softmax, got {_describe(p)}")
+    v = _tensor(v, "af.pv v")
+    out_type = TensorType(ELEMENT_TYPES[t.out_dtype], [DYNAMIC_INDEX, p.heads, DYNAMIC_INDEX, v.head_dim])
+    op = attn.PVOp(p.value, v.value, out_type)
+    op.output.name_hint = "o"
+    return TensorProxy(t.emit(op, "af.pv"), "out", p.heads, v.head_dim, t.out_dtype, is_output=True)
