@@ -195,6 +195,23 @@ def load_module(path: str | Path, *, interpret: bool, name: str | None = None) -
     return module
 
 
+_SOURCES: dict[tuple[str, bool], ModuleType] = {}
+
+
+def load_source(source: str, folder: str | Path, *, interpret: bool) -> ModuleType:
+    """Import generated `source` outside the kernel cache (tests, benchmarks): it is
+    written to `folder/attnfuse_<hash of the text>.py`, since `triton.jit` reads its
+    functions' source file, then imported with `load_module`; once per text and mode in a
+    process."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    module = _SOURCES.get((digest, interpret))
+    if module is None:
+        path = Path(folder) / f"attnfuse_{digest}.py"
+        path.write_text(source, encoding="utf-8")
+        module = _SOURCES[(digest, interpret)] = load_module(path, interpret=interpret)
+    return module
+
+
 _library_lock = threading.RLock()
 _library_swaps: list[tuple[Any, str, Any, Any]] | None = None
 

@@ -9,7 +9,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from attnfuse.pipeline import AttnFusePipelinePass
-from attnfuse.triton_printer import launch_params, print_triton
+from attnfuse.targets.triton.printer import launch_params, print_triton
 
 
 @dataclass(frozen=True)

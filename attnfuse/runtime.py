@@ -43,6 +43,7 @@ __all__ = [
     "backend",
     "clear_caches",
     "current_backend",
+    "device_sm",
     "stats",
     "use_compiler",
     "variant",
@@ -233,14 +234,21 @@ def _extras_check(
 
 # --------------------------------------------------------------------------- kernels
 
-_SM: dict[torch.device, int] = {}
+_SM: dict[int, int] = {}
 
 
-def _sm(device: torch.device) -> int:
-    if device not in _SM:
-        major, minor = torch.cuda.get_device_capability(device)
-        _SM[device] = major * 10 + minor
-    return _SM[device]
+def device_sm(device: torch.device | str | int | None = None) -> int:
+    """The SM version of a CUDA device (its compute capability as major * 10 + minor: 90
+    for Hopper), the current one by default; 0 for a device that is not a CUDA GPU, or
+    without CUDA (the interpreter's SM). Cached per device."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 0
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SM:
+        major, minor = torch.cuda.get_device_capability(index)
+        _SM[index] = major * 10 + minor
+    return _SM[index]
 
 
 def _kernel_mode(backend_name: str, q: torch.Tensor) -> str:
@@ -262,7 +270,7 @@ def _load_kernel(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         heads=(q.shape[1], k.shape[1]),
         head_dims=(q.shape[3], v.shape[3]),
         seq_bucket=seq_bucket(q.shape[2], k.shape[2]),
-        sm=0 if interpret else _sm(q.device),
+        sm=0 if interpret else device_sm(q.device),
         interpret=interpret,
     )
     try:
@@ -323,6 +331,22 @@ class Kernel:
 # --------------------------------------------------------------------------- variants
 
 
+def _hot_key(
+    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
+) -> tuple[Any, ...]:
+    """The hot path's key of a call: the backend name, q's device, the q/k/v dtypes, head
+    counts and head dims, the sequence-length bucket, and per extra argument its dtype and
+    rank (a tensor) or its type and value (a constant). Raises (or gives an unhashable
+    key) for arguments that are not rank-4 tensors: the caller then takes the slow path."""
+    _, hq, nq, d = q.shape
+    _, hkv, nk, dk = k.shape
+    _, hv, _, dv = v.shape
+    key = (backend_name, q.device, q.dtype, k.dtype, v.dtype, hq, hkv, hv, d, dk, dv, seq_bucket(nq, nk))
+    if extras:
+        key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
+    return key
+
+
 class _Entry:
     """A hot-path entry: how to run one call signature."""
 
@@ -377,20 +401,11 @@ class Variant:
         """out = attention(q, k, v, *extras): [B, Hq, Nq, Dv] in q's dtype."""
         backend_name = _backend_var.get() or os.environ.get("ATTNFUSE_BACKEND") or "auto"
         try:
-            b, hq, nq, d = q.shape
-            bk, hkv, nk, dk = k.shape
-            bv, hv, nv, dv = v.shape
-            n = nq if nq > nk else nk
-            key = (
-                backend_name, q.device, q.dtype, k.dtype, v.dtype, hq, hkv, hv, d, dk, dv,
-                128 if n <= 128 else 1 << (n - 1).bit_length(),
-            )  # fmt: skip
-            if extras:
-                key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
-            entry = self._hot[key]
+            entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
         except Exception:
             return self._call_slow(backend_name, q, k, v, extras)
-        if b != bk or b != bv or nk != nv or k.device != q.device or v.device != q.device:
+        qs, ks, vs = q.shape, k.shape, v.shape
+        if qs[0] != ks[0] or qs[0] != vs[0] or ks[2] != vs[2] or k.device != q.device or v.device != q.device:
             return self._call_slow(backend_name, q, k, v, extras)
         if entry.check is not None and not entry.check(q, k, extras):
             return self._call_slow(backend_name, q, k, v, extras)
@@ -466,14 +481,7 @@ class Variant:
                 return launch(q, k, v, *(extras if select is None else select(extras)))[0]
 
         entry = _Entry(run, _extras_check(trace, len(extras)))
-        n = max(q.shape[2], k.shape[2])
-        key = (
-            backend_name, q.device, q.dtype, k.dtype, v.dtype, q.shape[1], k.shape[1], v.shape[1],
-            q.shape[3], k.shape[3], v.shape[3], 128 if n <= 128 else 1 << (n - 1).bit_length(),
-        )  # fmt: skip
-        if extras:
-            key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
-        self._hot[key] = entry
+        self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
         return entry
 
     @staticmethod

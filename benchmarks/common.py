@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -43,6 +41,9 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from attnfuse import cache
+from attnfuse.runtime import device_sm
 
 WINDOW = 1024
 """Sliding-window width of the `sliding_window` variant (see the module docstring)."""
@@ -366,7 +367,6 @@ def tflops(flops: float, ms: float | None) -> float | None:
 # ----------------------------------------------------------------------------- generated source
 
 
-_LOADED: dict[tuple[str, bool], ModuleType] = {}
 _SOURCE_DIR: Path | None = None
 
 
@@ -378,50 +378,11 @@ def source_dir() -> Path:
     return _SOURCE_DIR
 
 
-def source_key(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
 def load_source(source: str, *, interpret: bool = False) -> ModuleType:
-    """Import generated kernel source as a module (cached by its text). `triton.jit`
-    reads the function's source file, so the text is written to a file first.
-
-    TRITON_INTERPRET decides at decoration time whether a kernel is interpreted, and
-    the interpreter also reads it while kernels run (calls of `tl.cdiv` and other
-    library jit functions fail without it), so `interpret=True` sets it for the rest
-    of the process; otherwise it is cleared for the import only."""
-    cache_key = (source, interpret)
-    if cache_key in _LOADED:
-        return _LOADED[cache_key]
-    name = f"attnfuse_bench_{'interp' if interpret else 'cuda'}_{source_key(source)}"
-    path = source_dir() / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    finally:
-        if not interpret:
-            if old is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-    if not callable(getattr(module, "launch", None)):
-        raise RuntimeError(f"generated source {path} defines no launch(...)")
-    _LOADED[cache_key] = module
-    return module
-
-
-def device_sm() -> int:
-    """SM version of the current CUDA device (90 for Hopper), 0 without CUDA (the interpreter)."""
-    if not torch.cuda.is_available():
-        return 0
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    """Import generated kernel source as a module (`attnfuse.cache.load_source`, once per
+    text). With `interpret`, the script must have set TRITON_INTERPRET=1 before importing
+    triton (as every `--cpu-smoke` run does): the interpreter reads it while kernels run."""
+    return cache.load_source(source, source_dir(), interpret=interpret)
 
 
 @dataclass(frozen=True)

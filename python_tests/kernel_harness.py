@@ -7,15 +7,13 @@ float64 on the same (rounded) inputs, so the difference is the kernel's own erro
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 import torch
-import triton.language  # noqa: F401  (first imported here, as TRITON_INTERPRET says, not inside load_module)
+import triton.language  # noqa: F401  (first imported here, as TRITON_INTERPRET says, not inside load_source)
 
-from attnfuse.cache import interpreter_library, load_module
+from attnfuse.cache import interpreter_library, load_source
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
 from attnfuse.reference import run_reference_with_lse
@@ -99,26 +97,11 @@ def qkv(
     return [torch.randn(shape, generator=g).to(dtype) for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))]
 
 
-_MODULES: dict[str, ModuleType] = {}
-
-
-def load_source(source: str, folder: Path) -> ModuleType:
-    """Import generated source as a module of interpreted kernels. `triton.jit` reads
-    its function's source file, so the source is written to `folder` first; the
-    runtime's loader sets TRITON_INTERPRET=1 for the import only."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
-    if key not in _MODULES:
-        path = folder / f"attnfuse_kernel_{key}.py"
-        path.write_text(source)
-        _MODULES[key] = load_module(path, interpret=True, name=f"attnfuse_lowering_test_{key}")
-    return _MODULES[key]
-
-
 def run_kernel(ir: str, args: Sequence[torch.Tensor], folder: Path, **options):
     """Compile `ir` for the interpreter (sm 0) with the pipeline `options`, run its
     `launch(*args)` under the interpreter and return (out, lse, compiled source)."""
     compiled = compile_module(parse_module(ir), sm=0, **options)
-    module = load_source(compiled.source, folder)
+    module = load_source(compiled.source, folder, interpret=True)
     with interpreter_library():  # Triton's own tl.max, tl.cdiv... interpreted too
         out, lse = module.launch(*args)
     return out, lse, compiled.source

@@ -15,21 +15,19 @@ All tests are marked `gpu` and skipped without CUDA. On the GPU machine:
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from kernel_harness import variant
 
 import attnfuse
+from attnfuse.cache import load_source
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
 from attnfuse.reference import run_reference_with_lse
+from attnfuse.runtime import device_sm
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,38 +39,6 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # |out - ref| <= TOL (1 + |ref|): 16-bit inputs, Q (after its prologue) and P rounded to
 # the input type before the dots, fp32 accumulation; bf16 keeps 8 mantissa bits, fp16 11.
 TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
-
-
-def device_sm() -> int:
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
-
-
-_LOADED: dict[str, ModuleType] = {}
-
-
-def load_kernel(source: str, folder: Path) -> ModuleType:
-    """Import generated source for CUDA (triton.jit reads the function's source file, so
-    the text is written to `folder` first; TRITON_INTERPRET is cleared for the import)."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
-    if key not in _LOADED:
-        path = folder / f"attnfuse_gpu_{key}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "0"
-        try:
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
-        finally:
-            if old is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-        _LOADED[key] = module
-    return _LOADED[key]
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -91,7 +57,7 @@ def check_kernel(ir: str, args: list[torch.Tensor], folder: Path, **options) -> 
     dtype = args[0].dtype
     nk = args[1].shape[2]
     compiled = compile_module(parse_module(ir), sm=device_sm(), seq_len=nk, **options)
-    kern = load_kernel(compiled.source, folder)
+    kern = load_source(compiled.source, folder, interpret=False)
     out, lse = kern.launch(*(a.cuda() for a in args))
     torch.cuda.synchronize()
     ref, ref_lse = run_reference_with_lse(ir, *args)
@@ -220,7 +186,7 @@ def test_repeated_launches(folder: Path) -> None:
     dtype = torch.float16
     ir = build_ir("f16", q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])
     compiled = compile_module(parse_module(ir), sm=device_sm(), seq_len=256, rope_mode="prerotate")
-    kern = load_kernel(compiled.source, folder)
+    kern = load_source(compiled.source, folder, interpret=False)
 
     def run_and_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
         out, _ = kern.launch(q, k, v)

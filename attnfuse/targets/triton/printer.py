@@ -1,21 +1,27 @@
-"""Print a module of `tl` ops as a Python source file: `@triton.jit` kernels plus
-the host `launch` function.
+"""The `triton` target: print a module of `tl` ops as a Python source file, the
+`@triton.jit` kernels plus the host `launch` function and the launch parameters.
 
-Every op must belong to the `tl` dialect; anything else is an error naming the op
-(run `convert-attn-to-tl` first), never silently printed.
+A generated module is standalone: it starts with the prelude (`prelude.py`, its runtime
+support) and imports only torch and triton. Every op must belong to the `tl` dialect;
+anything else is an error naming the op (run `convert-attn-to-tl` first), never silently
+printed.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.resources
 import math
 import re
+from dataclasses import dataclass
 from typing import IO
 
-from xdsl.dialects.builtin import (
-    ModuleOp,
-)
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.target import Target
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
@@ -25,56 +31,19 @@ import torch
 import triton
 import triton.language as tl
 
-_TABLES = {}
-
-
-def _rope_table(key, inv_freq, length, magnitude, device):
-    """(cos, sin) float32 [positions, len(inv_freq)] for positions 0.. the next power of two
-    >= length, scaled by magnitude; built once per device and length bucket."""
-    n = 1 << max(int(length) - 1, 0).bit_length()
-    t = _TABLES.get((key, n, device))
-    if t is None:
-        freqs = torch.tensor(inv_freq, dtype=torch.float64)
-        angle = torch.arange(n, dtype=torch.float64)[:, None] * freqs[None, :]
-        t = _TABLES[(key, n, device)] = (
-            (angle.cos() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
-            (angle.sin() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
-        )
-    return t
-
-
-_BINARIES = {}
-_DRIVER = []
-
-
-def _launch(kernel, grid, num_warps, num_stages, *args):
-    """kernel[grid](*args, num_warps=..., num_stages=...). The first call for given integer
-    arguments, tensor dtypes and alignments, and device goes through Triton's launcher, which
-    compiles or loads the binary; later calls run that binary directly, without Triton's
-    per-call argument binding (tens of microseconds on a slow host). Launch hooks (profilers)
-    and interpreted kernels always take Triton's path."""
-    rt = triton.knobs.runtime
-    if (type(kernel) is not triton.runtime.JITFunction or getattr(rt.launch_enter_hook, "calls", True)
-            or getattr(rt.launch_exit_hook, "calls", True)):
-        return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-    if not _DRIVER:
-        active = triton.runtime.driver.active
-        _DRIVER.extend((active.get_current_device, active.get_current_stream))
-    device = _DRIVER[0]()
-    key = (id(kernel), device, num_warps, num_stages,
-           *[(a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args])
-    binary = _BINARIES.get(key)
-    if binary is None:
-        binary = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
-        if getattr(binary, "function", None) is not None:
-            if len(_BINARIES) >= 1024:
-                _BINARIES.clear()
-            _BINARIES[key] = binary
-        return binary
-    binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-               _DRIVER[1](device), binary.function, binary.packed_metadata, None, None, None, *args)
-    return binary
 '''
+"""The start of every generated module, before the prelude's code."""
+
+
+@functools.cache
+def prelude_source() -> str:
+    """The code of `prelude.py` after its docstring and imports, as every generated module
+    carries it (read as text: printing must not import torch)."""
+    text = importlib.resources.files(__package__).joinpath("prelude.py").read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    first = next(s for s in tree.body[1:] if not isinstance(s, ast.Import | ast.ImportFrom))
+    return "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
+
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
 
@@ -162,6 +131,7 @@ class TritonPrinter:
                     "with the attnfuse-pipeline (or convert-attn-to-tl) first"
                 )
         self.out.write(HEADER)
+        self.out.write(prelude_source())
         for op in module.ops:
             self.out.write("\n\n")
             if isinstance(op, tl.KernelOp):
@@ -343,3 +313,15 @@ def launch_params(module: ModuleOp) -> dict[str, dict]:
 def print_triton(module: ModuleOp, out: IO[str]) -> None:
     """Print `module` (tl ops only) as a Python module of Triton kernels."""
     TritonPrinter(out).print_module(module)
+
+
+@dataclass(frozen=True)
+class TritonTarget(Target):
+    """`attnfuse-opt -t triton`: readable Python, the `@triton.jit` kernels, the host
+    `launch` function and the launch parameters (grid, num_warps, num_stages, constexprs)
+    of a `tl` module."""
+
+    name = "triton"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        print_triton(module, output)
