@@ -108,6 +108,17 @@ def variant_funcs(module: ModuleOp) -> list[func.FuncOp]:
     return [op for op in module.ops if isinstance(op, func.FuncOp) and any(isinstance(o, attn.QKOp) for o in op.walk())]
 
 
+def check_sm(sm: int, pass_name: str) -> int:
+    """`sm` if it names a target: 0 (the CPU interpreter) or a CUDA compute capability
+    written as one number (70 to 129: 90 is Hopper, 100 Blackwell)."""
+    if sm != 0 and not 70 <= sm <= 129:
+        raise ValueError(
+            f"{pass_name} sm must be 0 (the CPU interpreter) or a CUDA compute capability from 70 to 129 "
+            f"(e.g. 80, 90), got {sm}"
+        )
+    return sm
+
+
 def target_option(module: ModuleOp, key: str, given: int | None, default: int) -> int:
     """An option given to a pass, else the module's `attn.target` entry, else `default`."""
     if given is not None:

@@ -13,9 +13,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from attnfuse.analysis import check_sm
 from attnfuse.passes.causal_split import CausalSplitPass
 from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
-from attnfuse.passes.rope_fusion import RopeFusionPass
+from attnfuse.passes.rope_fusion import RopeFusionPass, RopeMode
 from attnfuse.passes.tiling import TilingPass
 
 
@@ -29,7 +30,7 @@ class AttnFusePipelinePass(ModulePass):
     """Target SM version (90 = Hopper; 0 = the CPU interpreter)."""
     seq_len: int | None = None
     """Sequence length the kernel is tuned for (rope-fusion's cost model)."""
-    rope_mode: str = "auto"
+    rope_mode: RopeMode = "auto"
     """rope-fusion mode: auto, fused or prerotate."""
     block_m: int | None = None
     block_n: int | None = None
@@ -40,6 +41,8 @@ class AttnFusePipelinePass(ModulePass):
     masked (the baseline of the ablation, benchmarks/ablation.py)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.sm is not None:
+            check_sm(self.sm, self.name)
         for _, make in STAGES:
             stage = make(self)
             if stage is not None:

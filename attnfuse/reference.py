@@ -367,7 +367,7 @@ class _Executor:
             if fn is None or inner.regions or len(inner.results) != 1:
                 raise AttnFuseError(
                     f"the reference executor does not support '{inner.name}' in a {parent.name} "
-                    f"region; supported: attn.extract, arith.constant, {', '.join(sorted(REGION_OPS))}"
+                    f"region; supported: {', '.join(sorted(REGION_OP_NAMES))}"
                 )
             result = fn(inner, [env[v] for v in inner.operands])
         return _to_type(result, inner.results[0].type, self.dtype)
@@ -492,6 +492,15 @@ def _cmpf(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
     return compare[pred - 7](x, y) | unordered  # ueq, ugt, uge, ult, ule, une
 
 
+def _uitofp(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
+    """The unsigned value of the operand, as a float."""
+    width = _width(op.operands[0].type)
+    if width < 64:
+        return _zext(a[0], width).to(torch.float64)
+    x = a[0].to(torch.float64)
+    return torch.where(a[0] < 0, x + 2.0**64, x)
+
+
 def _extract(op: attn.ExtractOp, a: list[torch.Tensor]) -> torch.Tensor:
     tensor, indices = a[0], [_signed(i) for i in a[1:]]
     indices = torch.broadcast_tensors(*indices)
@@ -526,6 +535,8 @@ REGION_OPS: dict[str, Callable[[Operation, list[torch.Tensor]], torch.Tensor]] =
     "arith.negf": _unary(torch.neg),
     "arith.maximumf": _binary(torch.maximum),
     "arith.minimumf": _binary(torch.minimum),
+    "arith.maxnumf": _binary(torch.fmax),  # a NaN operand yields the other one
+    "arith.minnumf": _binary(torch.fmin),
     "math.exp": _unary(torch.exp),
     "math.exp2": _unary(torch.exp2),
     "math.log": _unary(torch.log),
@@ -543,6 +554,7 @@ REGION_OPS: dict[str, Callable[[Operation, list[torch.Tensor]], torch.Tensor]] =
     "arith.select": lambda op, a: torch.where(a[0], a[1], a[2]),
     # casts
     "arith.sitofp": _unary(_signed),
+    "arith.uitofp": _uitofp,
     "arith.fptosi": _unary(lambda x: torch.trunc(x).to(torch.int64)),
     "arith.extsi": _unary(_signed),
     "arith.extui": lambda op, a: _zext(a[0], _width(op.operands[0].type)),
@@ -553,3 +565,7 @@ REGION_OPS: dict[str, Callable[[Operation, list[torch.Tensor]], torch.Tensor]] =
 }
 """Interpreters of the ops a custom region may hold, by op name: (op, operand values)
 -> result, before `_to_type` wraps or casts it to the result type."""
+
+REGION_OP_NAMES = frozenset({"attn.extract", "arith.constant", *REGION_OPS})
+"""Every op the executor runs in a region (attn.yield ends it): the dialect's
+`attn.REGION_OPS`, checked by python_tests/test_region_ops.py."""

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
+from xdsl.dialects import arith
+from xdsl.dialects import math as math_dialect
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     DictionaryAttr,
@@ -27,14 +30,17 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     IntegerType,
+    NoneAttr,
     StringAttr,
     TensorType,
+    UnitAttr,
     f32,
     f64,
     i1,
     i32,
     i64,
 )
+from xdsl.dialects.utils.enum_attribute import EnumAttribute
 from xdsl.ir import (
     Attribute,
     Block,
@@ -64,6 +70,13 @@ from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
+
+LOG2E = 1.4426950408889634
+"""log2(e): exp(x) = exp2(x * LOG2E). Kernels run the softmax in base 2."""
+
+INT32_MAX = (1 << 31) - 1
+"""Kernels compute positions in i32, so integer mask parameters must fit one."""
 
 # --------------------------------------------------------------------------- types
 
@@ -227,6 +240,157 @@ def _fmt_float(v: float) -> str:
     return mantissa + e + exponent
 
 
+# --------------------------------------------------------------------------- named score-function kinds
+
+
+@dataclass(frozen=True)
+class NamedKind:
+    """A named form of `attn.mask` or `attn.bias` (`causal`, `alibi(%slopes)`, ...):
+    its operands, for the verifier."""
+
+    name: str
+    takes_param: bool = False
+    """It takes an integer parameter, `sliding_window(128)`."""
+    param_min: int = 0
+    """The smallest parameter allowed (the largest is INT32_MAX)."""
+    param_label: str = ""
+    """How diagnostics name the parameter; default: the kind's name."""
+    n_extras: int = 0
+    """The number of extra tensor operands, `document(%ids : ...)`."""
+
+
+@dataclass(frozen=True)
+class MaskKind(NamedKind):
+    """A named mask predicate, with what the passes may assume of it."""
+
+    kv_bounded: bool = False
+    """The keys a query keeps are one interval of positions, computable from the query's
+    position: causal-split can skip whole KV blocks and run others without mask code."""
+    causal_like: bool = False
+    """No query keeps a key after its own position (kv_pos <= q_pos): about half of the
+    (Q block, KV block) pairs are skipped (rope-fusion's cost model)."""
+
+
+MASK_KINDS: dict[str, MaskKind] = {
+    k.name: k
+    for k in (
+        MaskKind("causal", kv_bounded=True, causal_like=True),
+        MaskKind("sliding_window", takes_param=True, param_min=1, kv_bounded=True, causal_like=True),
+        MaskKind("prefix_lm", takes_param=True, param_label="prefix_lm length", kv_bounded=True),
+        MaskKind("document", n_extras=1),
+    )
+}
+"""The named predicates of `attn.mask`; their meaning is in `MaskOp`'s docstring."""
+
+BIAS_KINDS: dict[str, NamedKind] = {"alibi": NamedKind("alibi", n_extras=1)}
+"""The named biases of `attn.bias`."""
+
+
+# --------------------------------------------------------------------------- pass annotations
+# The passes decide, then record their decisions on the ops for convert-attn-to-tl:
+# rope-fusion marks each pre-matmul op with a `placement` and attn.qk with `q_prescale`
+# (and `log2e_folded`); causal-split marks each attn.mask with `blocks` and the function
+# with `attn.kv_blocks`. The ops' verifiers check the annotations' types.
+
+
+class Placement(StrEnum):
+    """Where a pre-matmul op (attn.rope, attn.norm, attn.scale on q or k) runs."""
+
+    Q_PROLOGUE = "q_prologue"
+    """Once per Q tile, in the kernel prologue."""
+    KV_LOOP = "kv_loop"
+    """On every K tile, inside the KV loop."""
+    PREROTATE = "prerotate"
+    """Once per K row, in a separate kernel that writes a transformed copy of K."""
+
+
+@irdl_attr_definition
+class PlacementAttr(EnumAttribute[Placement]):
+    """`#attn.placement<q_prologue | kv_loop | prerotate>`: rope-fusion's `placement`."""
+
+    name = "attn.placement"
+
+    def print_parameter(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            super().print_parameter(printer)
+
+    @classmethod
+    def parse_parameter(cls, parser: AttrParser) -> Placement:
+        with parser.in_angle_brackets():
+            return super().parse_parameter(parser)
+
+
+@irdl_attr_definition
+class KvBoundAttr(ParametrizedAttribute):
+    """causal-split's classification of one mask: `#attn.kv_bound<causal>`,
+    `#attn.kv_bound<sliding_window(128)>`, `#attn.kv_bound<prefix_lm(64)>` (a named
+    mask kind that bounds the KV range, `MaskKind.kv_bounded`) or `#attn.kv_bound<opaque>`
+    (a predicate the pass cannot bound: every visited block is masked)."""
+
+    name = "attn.kv_bound"
+    kind: StringAttr
+    param: IntAttr | NoneAttr
+
+    OPAQUE: ClassVar[str] = "opaque"
+
+    def __init__(self, kind: str, param: int | None = None):
+        super().__init__(StringAttr(kind), NoneAttr() if param is None else IntAttr(param))
+
+    @property
+    def mask_kind(self) -> MaskKind | None:
+        """The bounding mask kind; None when opaque."""
+        return MASK_KINDS.get(self.kind.data)
+
+    @property
+    def param_value(self) -> int:
+        """The kind's integer parameter (0 when it takes none)."""
+        return self.param.data if isinstance(self.param, IntAttr) else 0
+
+    def verify(self) -> None:
+        kind = self.kind.data
+        if kind == self.OPAQUE:
+            spec = NamedKind(kind)
+        else:
+            bounded = [k for k, m in MASK_KINDS.items() if m.kv_bounded]
+            if kind not in bounded:
+                raise VerifyException(
+                    f"#attn.kv_bound kind must be one of {', '.join([*bounded, 'opaque'])}, got '{kind}'"
+                )
+            spec = MASK_KINDS[kind]
+        if spec.takes_param != isinstance(self.param, IntAttr):
+            raise VerifyException(
+                f"#attn.kv_bound<{kind}> "
+                + ("needs an integer parameter" if spec.takes_param else "takes no parameter")
+            )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            kind = parser.parse_identifier("KV bound kind")
+            param = None
+            if parser.parse_optional_punctuation("(") is not None:
+                param = parser.parse_integer(allow_boolean=False)
+                parser.parse_punctuation(")")
+        return (StringAttr(kind), NoneAttr() if param is None else IntAttr(param))
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(self.kind.data)
+            if isinstance(self.param, IntAttr):
+                printer.print_string(f"({self.param.data})")
+
+
+def _check_annotation(op: Operation, key: str, kind: type[Attribute], what: str) -> None:
+    """A pass annotation `key` on `op`, when present, must be a `kind`."""
+    value = op.attributes.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise VerifyException(f"{op.name} annotation '{key}' must be {what}, got {value}")
+
+
+def _check_placement(op: Operation) -> None:
+    _check_annotation(op, "placement", PlacementAttr, "an #attn.placement<q_prologue|kv_loop|prerotate>")
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -312,6 +476,7 @@ class RopeOp(IRDLOperation):
 
     def verify_(self) -> None:
         shape = _qkv_shape(self.input, "attn.rope input")
+        _check_placement(self)
         if self.output.type != self.input.type:
             raise VerifyException("attn.rope result type must equal its input type")
         d = shape[3]
@@ -416,6 +581,7 @@ class NormOp(IRDLOperation):
 
     def verify_(self) -> None:
         shape = _qkv_shape(self.input, "attn.norm input")
+        _check_placement(self)
         if self.output.type != self.input.type:
             raise VerifyException("attn.norm result type must equal its input type")
         if not self.eps.value.data > 0:
@@ -509,6 +675,7 @@ class ScaleOp(_ScalarOp):
     def verify_(self) -> None:
         if isinstance(self.input.type, TensorType):
             _qkv_shape(self.input, "attn.scale input")
+            _check_placement(self)
         elif not isinstance(self.input.type, ScoresType):
             raise VerifyException(f"attn.scale input must be a q/k tensor or !attn.scores, got {self.input.type}")
         if self.output.type != self.input.type:
@@ -575,6 +742,11 @@ class QKOp(IRDLOperation):
         ks = _qkv_shape(self.k, "attn.qk k")
         if qs[3] != ks[3]:
             raise VerifyException(f"attn.qk q and k head dims differ: {qs[3]} vs {ks[3]}")
+        qt, kt = self.q.type, self.k.type
+        assert isinstance(qt, TensorType) and isinstance(kt, TensorType)
+        q_elem, k_elem = qt.get_element_type(), kt.get_element_type()
+        if q_elem != k_elem:
+            raise VerifyException(f"attn.qk q and k element types differ: {q_elem} vs {k_elem}")
         if qs[1] % ks[1]:
             raise VerifyException(f"attn.qk q heads ({qs[1]}) must be a multiple of k heads ({ks[1]})")
         if DYNAMIC_INDEX not in (qs[0], ks[0]) and qs[0] != ks[0]:
@@ -585,6 +757,13 @@ class QKOp(IRDLOperation):
             s = self.scale.value.data
             if not (s > 0 and math.isfinite(s)):
                 raise VerifyException(f"attn.qk scale must be > 0 and finite, got {s}")
+        _check_annotation(self, "q_prescale", FloatAttr, "a float")
+        _check_annotation(self, "log2e_folded", UnitAttr, "a unit attribute")
+
+    @property
+    def log2e_folded(self) -> bool:
+        """rope-fusion folded the softmax's LOG2E into `q_prescale`."""
+        return "log2e_folded" in self.attributes
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -766,10 +945,11 @@ class _ScoreFnOp(IRDLOperation):
     A named kind (`causal`, `sliding_window(w)`, ...) has an empty region; the
     `custom` kind carries a region whose entry block takes ([score: f32,] b, h,
     q_idx, kv_idx: i32, then one argument per extra tensor) and yields the result.
+    A region holds only the ops of `REGION_OPS`, ended by `attn.yield`.
     """
 
-    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {}
-    """kind -> (takes an integer parameter, number of extra tensors); `custom` takes any."""
+    KINDS: ClassVar[dict[str, NamedKind]] = {}
+    """The named kinds; `custom` takes any extra tensors and no parameter."""
     HAS_SCORE_ARG: ClassVar[bool] = False
     WHAT: ClassVar[str] = ""
 
@@ -826,24 +1006,36 @@ class _ScoreFnOp(IRDLOperation):
             if not isinstance(term, YieldOp) or len(term.operands) != 1:
                 raise VerifyException(f"{op} region must end with attn.yield of one value")
             self._check_yield(term.operands[0].type)
+            for inner in region.walk():
+                if not isinstance(inner, REGION_OPS) and inner is not term:
+                    raise VerifyException(
+                        f"{op} region may not hold '{inner.name}'; allowed: "
+                        f"{', '.join(sorted(o.name for o in REGION_OPS))}, and attn.yield last"
+                    )
             return
         if kind not in self.KINDS:
             raise VerifyException(f"{op} kind must be one of {', '.join([*self.KINDS, 'custom'])}, got '{kind}'")
         if region.blocks:
             raise VerifyException(f"{op} {kind} takes no region")
-        wants_param, n_extra = self.KINDS[kind]
-        if wants_param != (param is not None):
+        spec = self.KINDS[kind]
+        if spec.takes_param != (param is not None):
             raise VerifyException(
-                f"{op} {kind} " + ("needs an integer parameter" if wants_param else "takes no parameter")
+                f"{op} {kind} " + ("needs an integer parameter" if spec.takes_param else "takes no parameter")
             )
-        if len(extras) != n_extra:
-            raise VerifyException(f"{op} {kind} takes {n_extra} extra tensor(s), got {len(extras)}")
-        self._verify_named(kind, param.value.data if isinstance(param, IntegerAttr) else None)
+        if len(extras) != spec.n_extras:
+            raise VerifyException(f"{op} {kind} takes {spec.n_extras} extra tensor(s), got {len(extras)}")
+        if isinstance(param, IntegerAttr):
+            value, label = param.value.data, spec.param_label or kind
+            if value < spec.param_min:
+                raise VerifyException(f"{op} {label} must be >= {spec.param_min}, got {value}")
+            if value > INT32_MAX:
+                raise VerifyException(f"{op} {label} must be at most {INT32_MAX} (kernels index in i32), got {value}")
+        self._verify_named(kind)
 
     def _check_yield(self, t: Attribute) -> None:
         raise NotImplementedError
 
-    def _verify_named(self, kind: str, param: int | None) -> None:
+    def _verify_named(self, kind: str) -> None:
         pass
 
     def print(self, printer: Printer) -> None:
@@ -923,12 +1115,7 @@ class MaskOp(_ScoreFnOp):
 
     name = "attn.mask"
     WHAT: ClassVar[str] = "mask"
-    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {
-        "causal": (False, 0),
-        "sliding_window": (True, 0),
-        "prefix_lm": (True, 0),
-        "document": (False, 1),
-    }
+    KINDS: ClassVar[dict[str, NamedKind]] = MASK_KINDS
     input = operand_def(ScoresType)
     extras = var_operand_def(TensorType)
     kind = prop_def(StringAttr)
@@ -947,15 +1134,15 @@ class MaskOp(_ScoreFnOp):
     ):
         self._init(input, kind, param, extras, body)
 
+    def verify_(self) -> None:
+        super().verify_()
+        _check_annotation(self, "blocks", KvBoundAttr, "an #attn.kv_bound<...>")
+
     def _check_yield(self, t: Attribute) -> None:
         if t != IntegerType(1):
             raise VerifyException(f"attn.mask region must yield i1, got {t}")
 
-    def _verify_named(self, kind: str, param: int | None) -> None:
-        if kind == "sliding_window" and param is not None and param < 1:
-            raise VerifyException(f"attn.mask sliding_window must be >= 1, got {param}")
-        if kind == "prefix_lm" and param is not None and param < 0:
-            raise VerifyException(f"attn.mask prefix_lm length must be >= 0, got {param}")
+    def _verify_named(self, kind: str) -> None:
         if kind == "document":
             t = self.extras[0].type
             assert isinstance(t, TensorType)
@@ -970,7 +1157,7 @@ class BiasOp(_ScoreFnOp):
 
     name = "attn.bias"
     WHAT: ClassVar[str] = "bias"
-    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {"alibi": (False, 1)}
+    KINDS: ClassVar[dict[str, NamedKind]] = BIAS_KINDS
     input = operand_def(ScoresType)
     extras = var_operand_def(TensorType)
     kind = prop_def(StringAttr)
@@ -992,7 +1179,7 @@ class BiasOp(_ScoreFnOp):
         if not _is_float(t):
             raise VerifyException(f"attn.bias region must yield a float, got {t}")
 
-    def _verify_named(self, kind: str, param: int | None) -> None:
+    def _verify_named(self, kind: str) -> None:
         t = self.extras[0].type
         assert isinstance(t, TensorType)
         h = _heads(self.input.type)
@@ -1008,7 +1195,7 @@ class ScoreModOp(_ScoreFnOp):
     name = "attn.score_mod"
     WHAT: ClassVar[str] = "score_mod"
     HAS_SCORE_ARG: ClassVar[bool] = True
-    KINDS: ClassVar[dict[str, tuple[bool, int]]] = {}
+    KINDS: ClassVar[dict[str, NamedKind]] = {}
     input = operand_def(ScoresType)
     extras = var_operand_def(TensorType)
     kind = prop_def(StringAttr)
@@ -1100,6 +1287,63 @@ class YieldOp(IRDLOperation):
         super().__init__(operands=[list(values)])
 
 
+REGION_OPS: tuple[type[Operation], ...] = (
+    ExtractOp,
+    arith.ConstantOp,
+    # integer arithmetic
+    arith.AddiOp,
+    arith.SubiOp,
+    arith.MuliOp,
+    arith.DivSIOp,
+    arith.FloorDivSIOp,
+    arith.RemSIOp,
+    arith.MaxSIOp,
+    arith.MinSIOp,
+    arith.AndIOp,
+    arith.OrIOp,
+    arith.XOrIOp,
+    math_dialect.AbsIOp,
+    # float arithmetic
+    arith.AddfOp,
+    arith.SubfOp,
+    arith.MulfOp,
+    arith.DivfOp,
+    arith.NegfOp,
+    arith.MaximumfOp,
+    arith.MinimumfOp,
+    arith.MaxnumfOp,
+    arith.MinnumfOp,
+    math_dialect.ExpOp,
+    math_dialect.Exp2Op,
+    math_dialect.LogOp,
+    math_dialect.Log2Op,
+    math_dialect.TanhOp,
+    math_dialect.SqrtOp,
+    math_dialect.RsqrtOp,
+    math_dialect.AbsFOp,
+    math_dialect.SinOp,
+    math_dialect.CosOp,
+    math_dialect.PowFOp,
+    # comparisons and selection
+    arith.CmpiOp,
+    arith.CmpfOp,
+    arith.SelectOp,
+    # casts
+    arith.SIToFPOp,
+    arith.UIToFPOp,
+    arith.FPToSIOp,
+    arith.ExtSIOp,
+    arith.ExtUIOp,
+    arith.TruncIOp,
+    arith.IndexCastOp,
+    arith.ExtFOp,
+    arith.TruncFOp,
+)
+"""The ops a mask, bias or score_mod region may hold (besides its final attn.yield): the
+verifier rejects any other. The reference executor and the Triton lowering each cover
+exactly this list (python_tests/test_region_ops.py)."""
+
+
 def new_region(arg_types: Sequence[Attribute]) -> tuple[Region, Block]:
     """An empty single-block region for a custom mask/bias/score_mod."""
     block = Block(arg_types=arg_types)
@@ -1125,5 +1369,5 @@ Attn = Dialect(
         ExtractOp,
         YieldOp,
     ],
-    [ScoresType, ProbsType, RopeScalingAttr],
+    [ScoresType, ProbsType, RopeScalingAttr, PlacementAttr, KvBoundAttr],
 )

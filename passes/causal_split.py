@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 from xdsl.ir import BlockArgument, SSAValue
 from xdsl.passes import ModulePass
 
@@ -35,38 +35,36 @@ def _is_causal_region(mask: attn.MaskOp) -> bool:
     lhs, rhs = cmp.lhs, cmp.rhs
     if not (isinstance(lhs, BlockArgument) and isinstance(rhs, BlockArgument)):
         return False
-    pred = cmp.predicate.value.data  # 3 = sle, 5 = sge
-    return (pred == 3 and (lhs, rhs) == (kv_idx, q_idx)) or (pred == 5 and (lhs, rhs) == (q_idx, kv_idx))
+    pred = arith.CMPI_COMPARISON_OPERATIONS[cmp.predicate.value.data]
+    return (pred == "sle" and (lhs, rhs) == (kv_idx, q_idx)) or (pred == "sge" and (lhs, rhs) == (q_idx, kv_idx))
 
 
-def classify(mask: attn.MaskOp) -> str:
-    """`causal`, `sliding_window(w)`, `prefix_lm(n)` or `opaque`."""
-    kind = mask.kind.data
-    if kind == "causal":
-        return "causal"
-    if kind in ("sliding_window", "prefix_lm"):
-        assert mask.param is not None
-        return f"{kind}({mask.param.value.data})"
-    if kind == "custom" and _is_causal_region(mask):
-        return "causal"
-    return "opaque"
+def classify(mask: attn.MaskOp) -> attn.KvBoundAttr:
+    """The KV bound of a named mask kind that has one, `causal` for a causal custom
+    region, else `opaque`."""
+    kind = attn.MASK_KINDS.get(mask.kind.data)
+    if kind is not None and kind.kv_bounded:
+        return attn.KvBoundAttr(kind.name, mask.param.value.data if mask.param is not None else None)
+    if mask.kind.data == "custom" and _is_causal_region(mask):
+        return attn.KvBoundAttr("causal")
+    return attn.KvBoundAttr(attn.KvBoundAttr.OPAQUE)
 
 
 @dataclass(frozen=True)
 class CausalSplitPass(ModulePass):
-    """Mark each attn.mask with `blocks` (its classification) and the function with
-    `attn.kv_blocks`: the bounded predicates whose conjunction decides which KV
-    blocks are skipped, full or partial, or `opaque` when some predicate is not
-    bounded (then no block is full)."""
+    """Mark each attn.mask with `blocks` (its `#attn.kv_bound<...>`) and the function
+    with `attn.kv_blocks`, the list of them: the bounded predicates whose conjunction
+    decides which KV blocks are skipped, full or partial, or `opaque` when some
+    predicate is not bounded (then no block is full)."""
 
     name = "causal-split"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in variant_funcs(op):
             v = analyse(f)
-            classes = []
+            bounds = []
             for mask in v.masks:
-                c = classify(mask)
-                mask.attributes["blocks"] = StringAttr(c)
-                classes.append(c)
-            f.attributes["attn.kv_blocks"] = ArrayAttr(StringAttr(c) for c in classes)
+                bound = classify(mask)
+                mask.attributes["blocks"] = bound
+                bounds.append(bound)
+            f.attributes["attn.kv_blocks"] = ArrayAttr(bounds)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import arith, func, math
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     FloatAttr,
     IntegerAttr,
     IntegerType,
     ModuleOp,
-    StringAttr,
     TensorType,
     f32,
     i1,
@@ -34,10 +34,10 @@ from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.analysis import Variant, analyse, variant_funcs
 from attnfuse.dialects import attn, tl
+from attnfuse.dialects.attn import LOG2E, KvBoundAttr, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.rope_freqs import op_inv_freq
 
-LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 
@@ -274,19 +274,15 @@ class Lowering:
             or sum(isinstance(op, attn.RopeOp) for op in v.k_chain) > 1
         ):
             raise DiagnosticException("the Triton lowering applies at most one attn.rope to q and to k")
-        self.k_placement = "none"
+        self.k_placement: Placement | None = None
+        """Where K's transforms run (rope-fusion's placement; without it, in the KV loop)."""
         for op in v.k_chain:
             placement = op.attributes.get("placement")
-            self.k_placement = placement.data if isinstance(placement, StringAttr) else "kv_loop"
+            self.k_placement = placement.data if isinstance(placement, PlacementAttr) else Placement.KV_LOOP
         prescale = v.qk.attributes.get("q_prescale")
         self.q_prescale = prescale.value.data if isinstance(prescale, FloatAttr) else v.qk.effective_scale
-        self.log2_folded = abs(self.q_prescale - v.qk.effective_scale * LOG2E) < 1e-12 * self.q_prescale
-        kv_blocks = v.func.attributes.get("attn.kv_blocks")
-        self.bounded = (
-            [c.data for c in kv_blocks.data]  # type: ignore[attr-defined]
-            if kv_blocks is not None
-            else ["opaque"] * len(v.masks)
-        )
+        self.log2e_folded = v.qk.log2e_folded
+        self.kv_bounds = kv_bounds(v)
         self.precision = "ieee" if self.dtype == f32 else None
         self.tables: dict[str, tuple[list[float], float]] = {}
 
@@ -636,12 +632,11 @@ class Lowering:
         flo: SSAValue | int = 0
         fhi: SSAValue = nk
         opaque = False
-        for c in self.bounded:
-            if c == "opaque":
+        for bound in self.kv_bounds:
+            if bound.mask_kind is None:
                 opaque = True
                 continue
-            name, _, arg = c.partition("(")
-            n = int(arg.rstrip(")")) if arg else 0
+            name, n = bound.mask_kind.name, bound.param_value
             if name == "causal":
                 v_hi, f_hi = kb.add(q_hi, 1), kb.add(q_lo, 1)
                 v_lo = f_lo = 0
@@ -674,7 +669,7 @@ class Lowering:
         v = self.v
         bm, bn = self.block_m, self.block_n
         q = self.tensor(p, v.q_arg)
-        pre = self.k_placement == "prerotate"
+        pre = self.k_placement == Placement.PREROTATE
         k = self.tensor(p, v.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
         vt = self.tensor(p, v.v_arg)
         out_ptr = p.get("Out", tl.PointerType(self.dtype), "out")
@@ -746,7 +741,7 @@ class Lowering:
                 def load_k(chans: SSAValue) -> SSAValue:
                     return self.load_tile(ib, k_base, offs_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
 
-                if self.k_placement == "kv_loop":
+                if self.k_placement == Placement.KV_LOOP:
                     k_x = self.transformed(ib, p, v.k_chain, load_k, offs_n, kv_ok, False, "k")
                     k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
                 else:
@@ -760,7 +755,7 @@ class Lowering:
                 else:
                     lctx["kv_ok_col"] = lctx["valid"] = ib.row(row_ok)
                 s = self.score_ops(ib, p, s, lctx, masked)
-                if not self.log2_folded:
+                if not self.log2e_folded:
                     s = ib.mul(s, LOG2E, hint="s2")
                 if masked:
                     s = ib.where(lctx["kv_ok_col"], s, NEG_INF, hint="s_valid")
@@ -883,7 +878,7 @@ class Lowering:
             ),
             tl.AllocOp("lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device"),
         ]
-        if self.k_placement == "prerotate":
+        if self.k_placement == Placement.PREROTATE:
             ops.append(
                 tl.AllocOp(
                     "k_rot",
@@ -902,6 +897,20 @@ class Lowering:
             ops.append(tl.CallOp(kernel.sym_name.data, grid, p.host, warps, stages))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.names, ops)
+
+
+def kv_bounds(v: Variant) -> list[KvBoundAttr]:
+    """causal-split's `attn.kv_blocks`; without it every mask is opaque."""
+    kv_blocks = v.func.attributes.get("attn.kv_blocks")
+    if kv_blocks is None:
+        return [KvBoundAttr(KvBoundAttr.OPAQUE)] * len(v.masks)
+    bounds = kv_blocks.data if isinstance(kv_blocks, ArrayAttr) else ()
+    if not isinstance(kv_blocks, ArrayAttr) or not all(isinstance(b, KvBoundAttr) for b in bounds):
+        raise DiagnosticException(
+            f"func @{v.func.sym_name.data} attribute attn.kv_blocks must be a list of #attn.kv_bound<...>, "
+            f"got {kv_blocks}"
+        )
+    return list(bounds)  # type: ignore[arg-type]
 
 
 def _erase_dead(block: Block) -> None:
@@ -945,7 +954,7 @@ class ConvertAttnToTlPass(ModulePass):
             lowering = Lowering(v, arg_names(f))
             calls = []
             kernels = []
-            if lowering.k_placement == "prerotate":
+            if lowering.k_placement == Placement.PREROTATE:
                 kr, pr = lowering.rotate_kernel()
                 k = lowering.names[lowering.arg_index(v.k_arg)]
                 calls.append((kr, pr, [f"triton.cdiv({k}.shape[2], 64)", f"{k}.shape[0] * {lowering.hkv}"]))

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import analyse, target_option, variant_funcs
+from attnfuse.analysis import analyse, check_sm, target_option, variant_funcs
 from attnfuse.dialects import attn
+from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 
-LOG2E = 1.4426950408889634
-MODES = ("auto", "fused", "prerotate")
+RopeMode = Literal["auto", "fused", "prerotate"]
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,14 @@ class RopeFusionPass(ModulePass):
     """Place Q's transforms in the kernel prologue and choose, per the Rotation
     Calculus, whether K's run fused in the KV loop or in a pre-rotation kernel.
 
-    Marks each pre-matmul op with `placement` (q_prologue, kv_loop or prerotate),
-    the attn.qk with `q_prescale` (the factor folded into Q) and the function with
-    `attn.rope_fusion` (the decision and both predicted costs)."""
+    Marks each pre-matmul op with `placement` (`#attn.placement<q_prologue>`,
+    `<kv_loop>` or `<prerotate>`), the attn.qk with `q_prescale` (the factor folded
+    into Q) and, when that factor includes the softmax's LOG2E, `log2e_folded`; and the
+    function with `attn.rope_fusion` (the decision and both predicted costs)."""
 
     name = "rope-fusion"
 
-    mode: str = "auto"
+    mode: RopeMode = "auto"
     """auto (cost model), fused (K transformed in the KV loop) or prerotate."""
     sm: int | None = None
     """Target SM version (e.g. 90); default: the module's attn.target, else 90."""
@@ -110,34 +112,36 @@ class RopeFusionPass(ModulePass):
     """Sequence length the kernel is compiled for; default: attn.target, else 4096."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"rope-fusion mode must be one of {', '.join(MODES)}, got '{self.mode}'")
-        sm = target_option(op, "sm", self.sm, 90)
+        if self.mode not in get_args(RopeMode):  # `-p` options are checked by xDSL; this checks Python callers
+            raise ValueError(f"rope-fusion mode must be one of {', '.join(get_args(RopeMode))}, got '{self.mode}'")
+        sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         if seq_len < 1:
             raise ValueError(f"rope-fusion seq-len must be >= 1, got {seq_len}")
         for f in variant_funcs(op):
             v = analyse(f)
             for q_op in v.q_chain:
-                q_op.attributes["placement"] = StringAttr("q_prologue")
+                q_op.attributes["placement"] = PlacementAttr(Placement.Q_PROLOGUE)
             foldable = all(isinstance(s, attn.ScaleOp | attn.MaskOp) for s in v.score_ops)
             prescale = v.qk.effective_scale * (LOG2E if foldable else 1.0)
             v.qk.attributes["q_prescale"] = FloatAttr(prescale, f64)
+            if foldable:
+                v.qk.attributes["log2e_folded"] = UnitAttr()
             if not v.k_chain:
                 f.attributes["attn.rope_fusion"] = DictionaryAttr({"k": StringAttr("none")})
                 continue
             q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
-            causal = any(m.kind.data in ("causal", "sliding_window") for m in v.masks)
+            causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
             fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
             mode = self.mode
             if mode == "auto":
                 mode = "fused" if fused_s <= pre_s else "prerotate"
-            placement = "kv_loop" if mode == "fused" else "prerotate"
+            placement = Placement.KV_LOOP if mode == "fused" else Placement.PREROTATE
             for k_op in v.k_chain:
-                k_op.attributes["placement"] = StringAttr(placement)
+                k_op.attributes["placement"] = PlacementAttr(placement)
             f.attributes["attn.rope_fusion"] = DictionaryAttr(
                 {
-                    "k": StringAttr(placement),
+                    "k": StringAttr(placement.value),
                     "sm": IntegerAttr(sm, i64),
                     "seq_len": IntegerAttr(seq_len, i64),
                     "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),

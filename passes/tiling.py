@@ -8,8 +8,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import Variant, analyse, target_option, variant_funcs
+from attnfuse.analysis import Variant, analyse, check_sm, target_option, variant_funcs
 from attnfuse.dialects import attn
+from attnfuse.dialects.attn import Placement, PlacementAttr
 
 # (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`
@@ -39,7 +40,7 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
 
 
 def variant_class(v: Variant) -> str:
-    if any(op.attributes.get("placement") == StringAttr("kv_loop") for op in v.k_chain):
+    if any(op.attributes.get("placement") == PlacementAttr(Placement.KV_LOOP) for op in v.k_chain):
         return "kloop"
     if any(isinstance(op, attn.SoftcapOp | attn.BiasOp | attn.ScoreModOp) for op in v.score_ops):
         return "mods"
@@ -79,7 +80,7 @@ class TilingPass(ModulePass):
         _check_pow2("num-warps", self.num_warps, 1, 16)
         if self.num_stages is not None and not 1 <= self.num_stages <= 8:
             raise ValueError(f"tiling num-stages must be in [1, 8], got {self.num_stages}")
-        sm = target_option(op, "sm", self.sm, 90)
+        sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         for f in variant_funcs(op):
             v = analyse(f)
             cls = variant_class(v)

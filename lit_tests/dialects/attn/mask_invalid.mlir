@@ -71,6 +71,23 @@ func.func @prefix_negative(%s: !attn.scores<4>) {
 
 // -----
 
+// Kernels compute positions in i32: a parameter must fit one.
+func.func @window_over_i32(%s: !attn.scores<4>) {
+  %m = attn.mask %s sliding_window(2147483648) : !attn.scores<4>
+  func.return
+}
+// CHECK: attn.mask sliding_window must be at most 2147483647 (kernels index in i32), got 2147483648
+
+// -----
+
+func.func @prefix_over_i32(%s: !attn.scores<4>) {
+  %m = attn.mask %s prefix_lm(1099511627776) : !attn.scores<4>
+  func.return
+}
+// CHECK: attn.mask prefix_lm length must be at most 2147483647 (kernels index in i32), got 1099511627776
+
+// -----
+
 func.func @causal_with_extra(%s: !attn.scores<4>, %ids: tensor<?x?xi32>) {
   %m = attn.mask %s causal(%ids : tensor<?x?xi32>) : !attn.scores<4>
   func.return

@@ -10,6 +10,14 @@ func.func @head_dims_differ(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x128xf16>)
 
 // -----
 
+func.func @element_types_differ(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf32>) {
+  %s = attn.qk %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf32> -> !attn.scores<8>
+  func.return
+}
+// CHECK: attn.qk q and k element types differ: f16 vs f32
+
+// -----
+
 func.func @heads_not_a_multiple(%q: tensor<?x8x?x64xf16>, %k: tensor<?x3x?x64xf16>) {
   %s = attn.qk %q, %k : tensor<?x8x?x64xf16>, tensor<?x3x?x64xf16> -> !attn.scores<8>
   func.return

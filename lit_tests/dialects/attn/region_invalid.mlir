@@ -241,3 +241,33 @@ func.func @yield_outside_region(%x: f32) {
   attn.yield %x : f32
 }
 // CHECK: 'attn.yield' expects parent op to be one of 'attn.mask', 'attn.bias', 'attn.score_mod'
+
+// -----
+
+// Only the ops of attn.REGION_OPS may appear in a region.
+func.func @op_outside_the_allow_list(%s: !attn.scores<4>) {
+  %t = attn.score_mod %s {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %y = math.atan %x : f32
+    attn.yield %y : f32
+  } : !attn.scores<4>
+  func.return
+}
+// CHECK: attn.score_mod region may not hold 'math.atan'; allowed: arith.addf, arith.addi,
+
+// -----
+
+func.func @nested_region(%s: !attn.scores<4>) {
+  %m = attn.mask %s custom {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32):
+    %c = arith.cmpi sle, %ki, %qi : i32
+    %r = scf.if %c -> (i1) {
+      scf.yield %c : i1
+    } else {
+      scf.yield %c : i1
+    }
+    attn.yield %r : i1
+  } : !attn.scores<4>
+  func.return
+}
+// CHECK: attn.mask region may not hold 'scf.if'

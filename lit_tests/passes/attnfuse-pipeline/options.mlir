@@ -7,6 +7,7 @@
 // RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{rope-mode=always}' 2>&1 | filecheck %s --check-prefix=BADMODE
 // RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{block-m=48}' 2>&1 | filecheck %s --check-prefix=BADBLOCK
 // RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{tile=64}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
+// RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{sm=7}' 2>&1 | filecheck %s --check-prefix=BADSM
 
 func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x?x32xf16>) -> tensor<?x4x?x32xf16> {
   %kr = attn.rope %k interleaved theta = 10000.0 rotary_dim = 32 : tensor<?x2x?x32xf16>
@@ -24,6 +25,7 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // FUSED-NOT:     rotate_k
 // FUSED:         tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args [{{.*}}, "32", "32"{{.*}}] num_warps 4 : i64 num_stages 1 : i64
 
-// BADMODE:       attnfuse-opt: error: rope-fusion mode must be one of auto, fused, prerotate, got 'always'
+// BADMODE:       attnfuse-opt: error: {{.*}}Incompatible types: given ('always',), expected typing.Literal['auto', 'fused', 'prerotate']
 // BADBLOCK:      attnfuse-opt: error: tiling block-m must be a power of two in [16, 256], got 48
-// UNKNOWN:       attnfuse-opt: error: Provided arguments ["tile"] not found in expected arguments
+// UNKNOWN:       attnfuse-opt: error: {{.*}}Provided arguments ["tile"] not found in expected arguments
+// BADSM:         attnfuse-opt: error: attnfuse-pipeline sm must be 0 (the CPU interpreter) or a CUDA compute capability from 70 to 129 (e.g. 80, 90), got 7

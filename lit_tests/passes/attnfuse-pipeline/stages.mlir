@@ -22,18 +22,18 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 }
 
 // ROPE:          func.func @f({{.*}}) -> tensor<?x4x?x32xf16> attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}} {
-// ROPE-NEXT:       %qr = attn.rope %q {{.*}} {placement = "q_prologue"}
-// ROPE-NEXT:       %kr = attn.rope %k {{.*}} {placement = "kv_loop"}
+// ROPE-NEXT:       %qr = attn.rope %q {{.*}} {placement = #attn.placement<q_prologue>}
+// ROPE-NEXT:       %kr = attn.rope %k {{.*}} {placement = #attn.placement<kv_loop>}
 // ROPE-NEXT:       %s = attn.qk %qr, %kr {q_prescale = {{.*}}}
 // ROPE-NEXT:       %m = attn.mask %s causal : !attn.scores<4>
 // ROPE-NOT:      attn.kv_blocks
 // ROPE-NOT:      attn.tiling
 
-// SPLIT:         attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}, attn.kv_blocks = ["causal"]} {
-// SPLIT:           %m = attn.mask %s causal attributes {blocks = "causal"} : !attn.scores<4>
+// SPLIT:         attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}, attn.kv_blocks = [#attn.kv_bound<causal>]} {
+// SPLIT:           %m = attn.mask %s causal attributes {blocks = #attn.kv_bound<causal>} : !attn.scores<4>
 // SPLIT-NOT:     attn.tiling
 
-// TILING:        attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}, attn.kv_blocks = ["causal"], attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, class = "kloop"}} {
+// TILING:        attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}, attn.kv_blocks = [#attn.kv_bound<causal>], attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64, class = "kloop"}} {
 // TILING:          %o = attn.pv %p, %v
 // TILING-NEXT:     func.return %o
 

@@ -14,9 +14,9 @@ func.func @causal(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 }
 
 // CHECK-LABEL: func.func @causal(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["causal"]}
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<causal>]}
 // CHECK-NEXT:    %s = attn.qk %q, %k : tensor<?x2x?x16xf16>, tensor<?x2x?x16xf16> -> !attn.scores<2>
-// CHECK-NEXT:    %m = attn.mask %s causal attributes {blocks = "causal"} : !attn.scores<2>
+// CHECK-NEXT:    %m = attn.mask %s causal attributes {blocks = #attn.kv_bound<causal>} : !attn.scores<2>
 // CHECK-NEXT:    %p = attn.softmax %m : !attn.scores<2> -> !attn.probs<2>
 // CHECK-NEXT:    %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x16xf16> -> tensor<?x2x?x16xf16>
 
@@ -31,8 +31,8 @@ func.func @sliding_window(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v
 }
 
 // CHECK-LABEL: func.func @sliding_window(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["sliding_window(128)"]}
-// CHECK:         %m = attn.mask %s sliding_window(128) attributes {blocks = "sliding_window(128)"} : !attn.scores<2>
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<sliding_window(128)>]}
+// CHECK:         %m = attn.mask %s sliding_window(128) attributes {blocks = #attn.kv_bound<sliding_window(128)>} : !attn.scores<2>
 
 // -----
 
@@ -45,8 +45,8 @@ func.func @prefix_lm(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: ten
 }
 
 // CHECK-LABEL: func.func @prefix_lm(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["prefix_lm(64)"]}
-// CHECK:         %m = attn.mask %s prefix_lm(64) attributes {blocks = "prefix_lm(64)"} : !attn.scores<2>
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<prefix_lm(64)>]}
+// CHECK:         %m = attn.mask %s prefix_lm(64) attributes {blocks = #attn.kv_bound<prefix_lm(64)>} : !attn.scores<2>
 
 // -----
 
@@ -60,8 +60,8 @@ func.func @document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tens
 }
 
 // CHECK-LABEL: func.func @document(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["opaque"]}
-// CHECK:         %m = attn.mask %s document(%ids : tensor<?x?xi32>) attributes {blocks = "opaque"} : !attn.scores<2>
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<opaque>]}
+// CHECK:         %m = attn.mask %s document(%ids : tensor<?x?xi32>) attributes {blocks = #attn.kv_bound<opaque>} : !attn.scores<2>
 
 // -----
 

@@ -16,10 +16,10 @@ func.func @causal_window(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v:
 }
 
 // CHECK-LABEL: func.func @causal_window(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["causal", "sliding_window(4096)"]}
-// CHECK:         %m = attn.mask %s causal attributes {blocks = "causal"} : !attn.scores<2>
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<causal>, #attn.kv_bound<sliding_window(4096)>]}
+// CHECK:         %m = attn.mask %s causal attributes {blocks = #attn.kv_bound<causal>} : !attn.scores<2>
 // CHECK-NEXT:    %c = attn.softcap %m cap = 50.0 : !attn.scores<2>
-// CHECK-NEXT:    %w = attn.mask %c sliding_window(4096) attributes {blocks = "sliding_window(4096)"} : !attn.scores<2>
+// CHECK-NEXT:    %w = attn.mask %c sliding_window(4096) attributes {blocks = #attn.kv_bound<sliding_window(4096)>} : !attn.scores<2>
 
 // -----
 
@@ -33,7 +33,7 @@ func.func @prefix_window(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v:
 }
 
 // CHECK-LABEL: func.func @prefix_window(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["prefix_lm(16)", "sliding_window(32)"]}
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<prefix_lm(16)>, #attn.kv_bound<sliding_window(32)>]}
 
 // -----
 
@@ -48,6 +48,6 @@ func.func @causal_document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %
 }
 
 // CHECK-LABEL: func.func @causal_document(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["causal", "opaque"]}
-// CHECK:         %m = attn.mask %s causal attributes {blocks = "causal"} : !attn.scores<2>
-// CHECK-NEXT:    %d = attn.mask %m document(%ids : tensor<?x?xi32>) attributes {blocks = "opaque"} : !attn.scores<2>
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<causal>, #attn.kv_bound<opaque>]}
+// CHECK:         %m = attn.mask %s causal attributes {blocks = #attn.kv_bound<causal>} : !attn.scores<2>
+// CHECK-NEXT:    %d = attn.mask %m document(%ids : tensor<?x?xi32>) attributes {blocks = #attn.kv_bound<opaque>} : !attn.scores<2>

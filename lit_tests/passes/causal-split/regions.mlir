@@ -16,8 +16,8 @@ func.func @causal_region(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v:
 }
 
 // CHECK-LABEL: func.func @causal_region(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["causal"]}
-// CHECK:         %m = attn.mask %s custom attributes {blocks = "causal"} {
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<causal>]}
+// CHECK:         %m = attn.mask %s custom attributes {blocks = #attn.kv_bound<causal>} {
 // CHECK-NEXT:    ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32):
 // CHECK-NEXT:      %le = arith.cmpi sle, %ki, %qi : i32
 // CHECK-NEXT:      attn.yield %le : i1
@@ -39,7 +39,7 @@ func.func @causal_region_sge(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>,
 }
 
 // CHECK-LABEL: func.func @causal_region_sge(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["causal"]}
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<causal>]}
 
 // -----
 
@@ -57,8 +57,8 @@ func.func @strict(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 }
 
 // CHECK-LABEL: func.func @strict(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["opaque"]}
-// CHECK:         %m = attn.mask %s custom attributes {blocks = "opaque"} {
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<opaque>]}
+// CHECK:         %m = attn.mask %s custom attributes {blocks = #attn.kv_bound<opaque>} {
 
 // -----
 
@@ -76,7 +76,7 @@ func.func @anti_causal(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: t
 }
 
 // CHECK-LABEL: func.func @anti_causal(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["opaque"]}
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<opaque>]}
 
 // -----
 
@@ -98,4 +98,4 @@ func.func @causal_and_document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16
 }
 
 // CHECK-LABEL: func.func @causal_and_document(
-// CHECK-SAME:    attributes {attn.kv_blocks = ["opaque"]}
+// CHECK-SAME:    attributes {attn.kv_blocks = [#attn.kv_bound<opaque>]}

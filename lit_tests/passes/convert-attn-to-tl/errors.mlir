@@ -13,22 +13,6 @@ func.func @no_tiling(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: ten
 
 // -----
 
-// A region op with no Triton counterpart.
-func.func @atan(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?x2x?x16xf16>) -> tensor<?x2x?x16xf16> attributes {attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
-  %s = attn.qk %q, %k : tensor<?x2x?x16xf16>, tensor<?x2x?x16xf16> -> !attn.scores<2>
-  %t = attn.score_mod %s {
-  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
-    %y = math.atan %x : f32
-    attn.yield %y : f32
-  } : !attn.scores<2>
-  %p = attn.softmax %t : !attn.scores<2> -> !attn.probs<2>
-  %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x16xf16> -> tensor<?x2x?x16xf16>
-  func.return %o : tensor<?x2x?x16xf16>
-}
-// CHECK: 'math.atan' in an attn.score_mod region has no Triton lowering
-
-// -----
-
 // q and k meet in one dot, so their ropes must pair the same channels.
 func.func @layouts(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?x2x?x16xf16>) -> tensor<?x2x?x16xf16> attributes {attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 16 : tensor<?x2x?x16xf16>

@@ -30,20 +30,20 @@ func.func @f(%q: tensor<?x8x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x
 
 // The decision comes with both predicted costs.
 // SHORT:       attn.rope_fusion = {k = "kv_loop", sm = 90 : i64, seq_len = 64 : i64, fused_us = {{[0-9.e+-]+}} : f64, prerotate_us = {{[0-9.e+-]+}} : f64}
-// SHORT:       %qr = attn.rope {{.*}} {placement = "q_prologue"}
-// SHORT-NEXT:  %kr = attn.rope {{.*}} {placement = "kv_loop"}
+// SHORT:       %qr = attn.rope {{.*}} {placement = #attn.placement<q_prologue>}
+// SHORT-NEXT:  %kr = attn.rope {{.*}} {placement = #attn.placement<kv_loop>}
 
 // LONG:        attn.rope_fusion = {k = "prerotate", sm = 90 : i64, seq_len = 65536 : i64
-// LONG:        %qr = attn.rope {{.*}} {placement = "q_prologue"}
-// LONG-NEXT:   %kr = attn.rope {{.*}} {placement = "prerotate"}
+// LONG:        %qr = attn.rope {{.*}} {placement = #attn.placement<q_prologue>}
+// LONG-NEXT:   %kr = attn.rope {{.*}} {placement = #attn.placement<prerotate>}
 
 // SM80-SHORT:  attn.rope_fusion = {k = "kv_loop", sm = 80 : i64, seq_len = 64 : i64
 // SM80-LONG:   attn.rope_fusion = {k = "prerotate", sm = 80 : i64, seq_len = 65536 : i64
 
 // FUSED:       attn.rope_fusion = {k = "kv_loop", sm = 90 : i64, seq_len = 65536 : i64
-// FUSED:       %kr = attn.rope {{.*}} {placement = "kv_loop"}
+// FUSED:       %kr = attn.rope {{.*}} {placement = #attn.placement<kv_loop>}
 // PREROTATE:   attn.rope_fusion = {k = "prerotate", sm = 90 : i64, seq_len = 64 : i64
-// PREROTATE:   %kr = attn.rope {{.*}} {placement = "prerotate"}
+// PREROTATE:   %kr = attn.rope {{.*}} {placement = #attn.placement<prerotate>}
 
 // DEFAULT:     attn.rope_fusion = {k = "prerotate", sm = 90 : i64, seq_len = 4096 : i64
 // TARGET:      attn.rope_fusion = {k = "prerotate", sm = 80 : i64, seq_len = 65536 : i64

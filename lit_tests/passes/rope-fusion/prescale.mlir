@@ -2,8 +2,9 @@
 
 // q_prescale is the factor multiplied into Q once, in the prologue: attn.qk's scale
 // (default 1/sqrt(D)) times log2(e) when the base-2 softmax's factor can be folded,
-// i.e. when every score op is linear in the score (attn.scale, attn.mask). A
-// softcap, bias or score_mod sees natural-unit scores, so log2(e) is not folded then.
+// i.e. when every score op is linear in the score (attn.scale, attn.mask); attn.qk is
+// then also marked `log2e_folded`. A softcap, bias or score_mod sees natural-unit
+// scores, so log2(e) is not folded then.
 
 // Default scale 1/sqrt(64) = 0.125, times log2(e).
 func.func @default_scale(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> {
@@ -13,7 +14,7 @@ func.func @default_scale(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v:
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @default_scale(
-// CHECK:         attn.qk %q, %k {q_prescale = 0.18033688011112042 : f64}
+// CHECK:         attn.qk %q, %k {q_prescale = 0.18033688011112042 : f64, log2e_folded}
 
 // -----
 
@@ -27,7 +28,7 @@ func.func @explicit_scale(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @explicit_scale(
-// CHECK:         attn.qk %q, %k scale = 0.5 {q_prescale = 0.72134752044448169 : f64}
+// CHECK:         attn.qk %q, %k scale = 0.5 {q_prescale = 0.72134752044448169 : f64, log2e_folded}
 // The score scale stays where it is (no placement: it is not a pre-matmul op).
 // CHECK-NEXT:    %t = attn.scale %s value = 3.0 : !attn.scores<2>
 // CHECK-NEXT:    %m = attn.mask %t causal : !attn.scores<2>

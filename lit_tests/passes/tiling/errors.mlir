@@ -14,9 +14,13 @@
 // STAGES-NOT:  Traceback
 // STAGES:      attnfuse-opt: error: tiling num-stages must be in [1, 8], got 0
 
+// RUN: not attnfuse-opt %s -p 'tiling{sm=7}' 2>&1 | filecheck %s --check-prefix=SM
+// SM-NOT:      Traceback
+// SM:          attnfuse-opt: error: tiling sm must be 0 (the CPU interpreter) or a CUDA compute capability from 70 to 129 (e.g. 80, 90), got 7
+
 // RUN: not attnfuse-opt %s -p 'tiling{block-size=64}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
 // UNKNOWN-NOT: Traceback
-// UNKNOWN:     attnfuse-opt: error: Provided arguments ["block_size"] not found in expected arguments ["sm", "block_m", "block_n", "num_warps", "num_stages"]
+// UNKNOWN:     attnfuse-opt: error: {{.*}}Provided arguments ["block_size"] not found in expected arguments ["sm", "block_m", "block_n", "num_warps", "num_stages"]
 
 func.func @f(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?x2x?x16xf16>) -> tensor<?x2x?x16xf16> {
   %s = attn.qk %q, %k : tensor<?x2x?x16xf16>, tensor<?x2x?x16xf16> -> !attn.scores<2>
