@@ -13,7 +13,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import check_sm
+from attnfuse.passes.analysis import check_sm
 from attnfuse.passes.causal_split import CausalSplitPass
 from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
 from attnfuse.passes.rope_fusion import RopeFusionPass, RopeMode

@@ -18,8 +18,8 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 from xdsl.ir import BlockArgument, SSAValue
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import analyse, variant_funcs
 from attnfuse.dialects import attn
+from attnfuse.passes.analysis import analyse, variant_funcs
 
 
 def _is_causal_region(mask: attn.MaskOp) -> bool:

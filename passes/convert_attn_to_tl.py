@@ -32,10 +32,10 @@ from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse.analysis import Variant, analyse, variant_funcs
 from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E, KvBoundAttr, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
+from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
 from attnfuse.rope_freqs import op_inv_freq
 
 LN2 = 0.6931471805599453
@@ -251,7 +251,7 @@ class Tensor4:
 class Lowering:
     """Builds the kernels of one variant."""
 
-    def __init__(self, v: Variant, arg_names: list[str]):
+    def __init__(self, v: AttentionChains, arg_names: list[str]):
         self.v = v
         self.names = arg_names
         tiling = v.func.attributes.get("attn.tiling")
@@ -899,7 +899,7 @@ class Lowering:
         return tl.LauncherOp("launch", self.names, ops)
 
 
-def kv_bounds(v: Variant) -> list[KvBoundAttr]:
+def kv_bounds(v: AttentionChains) -> list[KvBoundAttr]:
     """causal-split's `attn.kv_blocks`; without it every mask is opaque."""
     kv_blocks = v.func.attributes.get("attn.kv_blocks")
     if kv_blocks is None:

@@ -18,9 +18,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import analyse, check_sm, target_option, variant_funcs
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
+from attnfuse.passes.analysis import analyse, check_sm, target_option, variant_funcs
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 

@@ -8,9 +8,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
-from attnfuse.analysis import Variant, analyse, check_sm, target_option, variant_funcs
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import Placement, PlacementAttr
+from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 
 # (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`
@@ -39,7 +39,7 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
 }
 
 
-def variant_class(v: Variant) -> str:
+def variant_class(v: AttentionChains) -> str:
     if any(op.attributes.get("placement") == PlacementAttr(Placement.KV_LOOP) for op in v.k_chain):
         return "kloop"
     if any(isinstance(op, attn.SoftcapOp | attn.BiasOp | attn.ScoreModOp) for op in v.score_ops):

@@ -19,7 +19,7 @@ from attnfuse.dialects import attn
 
 
 @dataclass
-class Variant:
+class AttentionChains:
     """The pieces of one variant, in application order."""
 
     func: func.FuncOp
@@ -67,7 +67,7 @@ def _chain(value: SSAValue, what: str) -> tuple[list[Operation], BlockArgument]:
     return ops[::-1], value
 
 
-def analyse(f: func.FuncOp) -> Variant:
+def analyse(f: func.FuncOp) -> AttentionChains:
     """Split `f` into its chains; a DiagnosticException names what cannot be lowered."""
     qks = [op for op in f.walk() if isinstance(op, attn.QKOp)]
     if len(qks) != 1:
@@ -100,7 +100,7 @@ def analyse(f: func.FuncOp) -> Variant:
     ret = f.body.block.last_op
     if not isinstance(ret, func.ReturnOp) or list(ret.operands) != [pv.output]:
         raise DiagnosticException(f"func @{f.sym_name.data} must return the attn.pv result")
-    return Variant(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, pv.v)
+    return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, pv.v)
 
 
 def variant_funcs(module: ModuleOp) -> list[func.FuncOp]:
