@@ -4,21 +4,31 @@ Each block checks its arguments, appends its `attn` op to the variant being trac
 (`attnfuse.dsl.tracing`) and verifies it at once, so that a bad block is reported where
 it is called. The scaling builders (`linear_scaling`, `llama3_scaling`, `yarn_scaling`,
 `rope_scaling`) make the `#attn.rope_scaling` attribute of `af.rope(scaling=...)`.
+
+Numeric parameters are checked here, so that no backend ever sees a value it would
+treat differently from another: each must be a Python number (not a bool) that f32
+holds finitely, as kernels compute in f32, and theta, eps, the qk scale, the softcap
+cap and the scaling parameters must be > 0 (theta > 1 with yarn scaling; a yarn
+attention_factor may be 0, YaRN's default); rotary_dim is an even integer in
+[2, head dim]. A bad value gets an `AttnFuseError` naming the
+block, the argument, the accepted range and the value.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import attn
-from attnfuse.dsl.predicates import CustomMask, NamedMask, _Alibi, _as_predicate, _extra_arg, _int_param
-from attnfuse.dsl.scalars import _describe, _Proxy
+from attnfuse.dsl.predicates import CustomMask, NamedMask, _Alibi, _as_predicate, _extra_arg
+from attnfuse.dsl.scalars import _F32_MAX, _describe, _Proxy, _show
 from attnfuse.dsl.tracing import ELEMENT_TYPES, ProbsProxy, ScoresProxy, TensorProxy, _tracer
 from attnfuse.errors import AttnFuseError
 
@@ -40,9 +50,10 @@ def _scaling_attr(kind: str, **params: float | bool | None) -> attn.RopeScalingA
                 raise AttnFuseError(f"{kind} rope scaling parameter {k} must be True or False, got {v!r}")
             values[k] = v
             continue
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise AttnFuseError(f"{kind} rope scaling parameter {k} must be a number, got {v!r}")
-        values[k] = float(v)
+        # Every number is a factor, a length or a rotation count, so > 0; attention_factor
+        # 0 means YaRN's default 0.1 * ln(factor) + 1.
+        lower = "nonnegative" if k == "attention_factor" else "positive"
+        values[k] = _real(v, f"{kind} rope scaling parameter {k}", lower)
     # Spell out every parameter with a default, so that equal schemes print (and hash) equal.
     for k, default in spec.items():
         if k not in values and default is not None and not (k == "attention_factor" and default == 0.0):
@@ -137,10 +148,26 @@ def rope_scaling(scaling: object) -> attn.RopeScalingAttr | None:
 # --------------------------------------------------------------------------- the ten blocks
 
 
-def _real(x: object, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise AttnFuseError(f"{what} must be a Python number, got {_describe(x)}")
-    return float(x)
+_LOWER_BOUNDS = {"any": f"[-{_F32_MAX:.7g}", "nonnegative": "[0", "positive": "(0"}
+
+
+def _real(x: object, what: str, lower: str = "any") -> float:
+    """A numeric parameter as a float: a Python number (not a bool) that f32 holds
+    finitely (kernels compute in f32; NaN and infinities are rejected), and >= 0 or > 0
+    when `lower` says "nonnegative" or "positive"."""
+    value = math.nan
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        try:
+            value = float(x)
+        except OverflowError:  # an int beyond any float
+            value = math.inf
+    low_ok = {"any": True, "nonnegative": value >= 0, "positive": value > 0}[lower]
+    if not (low_ok and math.isfinite(value) and abs(value) <= _F32_MAX):
+        raise AttnFuseError(
+            f"{what} must be a number in {_LOWER_BOUNDS[lower]}, {_F32_MAX:.7g}] (finite in f32, in which "
+            f"kernels compute), got {_show(x)}"
+        )
+    return value
 
 
 def _tensor(x: object, what: str) -> TensorProxy:
@@ -155,6 +182,15 @@ def _scores(x: object, what: str) -> ScoresProxy:
     if isinstance(x, ScoresProxy):
         return x
     raise AttnFuseError(f"{what} expects scores (the result of af.qk or a score block), got {_describe(x)}")
+
+
+def _rotary_dim(r: object, x: TensorProxy) -> int:
+    """af.rope's rotary_dim: an even int (channels rotate in pairs) in [2, head dim]."""
+    if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 2 <= int(r) <= x.head_dim or int(r) % 2:
+        raise AttnFuseError(
+            f"af.rope rotary_dim must be an even integer in [2, {x.head_dim}] ({x.name}'s head dim), got {_show(r)}"
+        )
+    return int(r)
 
 
 def rope(
@@ -173,7 +209,7 @@ def rope(
     tensor [rotary_dim / 2] argument of the variant."""
     t = _tracer("af.rope")
     x = _tensor(x, "af.rope")
-    r = x.head_dim if rotary_dim is None else _int_param(rotary_dim, "af.rope rotary_dim", 1)
+    r = x.head_dim if rotary_dim is None else _rotary_dim(rotary_dim, x)
     if style not in attn.RopeOp.STYLES:
         raise AttnFuseError(f"af.rope style must be 'half' or 'interleaved', got {style!r}")
     attr = rope_scaling(scaling)
@@ -184,9 +220,12 @@ def rope(
         extra = _extra_arg(inv_freq, "af.rope inv_freq")._extra
         extra.require_static((r // 2,), "af.rope inv_freq (rotary_dim / 2 frequencies)")
         freq = extra.value
-    op = attn.RopeOp(
-        x.value, theta=_real(theta, "af.rope theta"), style=style, rotary_dim=r, scaling=attr, inv_freq=freq
-    )
+    base = _real(theta, "af.rope theta", "positive")
+    if attr is not None and attr.kind.data == "yarn" and base <= 1:
+        raise AttnFuseError(
+            f"af.rope theta must be > 1 with yarn scaling (YaRN's correction range divides by ln(theta)), got {base}"
+        )
+    op = attn.RopeOp(x.value, theta=base, style=style, rotary_dim=r, scaling=attr, inv_freq=freq)
     op.output.name_hint = f"{x.name}_rope"
     return TensorProxy(t.emit(op, "af.rope"), x.name, x.heads, x.head_dim, x.dtype)
 
@@ -201,7 +240,7 @@ def qk_norm(x: TensorProxy, weight: object = None, eps: float = 1e-6) -> TensorP
         extra = _extra_arg(weight, "af.qk_norm weight")._extra
         extra.require_static((x.head_dim,), f"af.qk_norm weight of {x.name} (its head dim)")
         w = extra.value
-    op = attn.NormOp(x.value, w, _real(eps, "af.qk_norm eps"))
+    op = attn.NormOp(x.value, w, _real(eps, "af.qk_norm eps", "positive"))
     op.output.name_hint = f"{x.name}_norm"
     return TensorProxy(t.emit(op, "af.qk_norm"), x.name, x.heads, x.head_dim, x.dtype)
 
@@ -209,7 +248,7 @@ def qk_norm(x: TensorProxy, weight: object = None, eps: float = 1e-6) -> TensorP
 def scale(x: TensorProxy | ScoresProxy, c: float) -> Any:
     """Multiply q or k (before af.qk) or the scores (after it) by the constant `c`."""
     t = _tracer("af.scale")
-    value = _real(c, "af.scale factor")
+    value = _real(c, "af.scale c")
     if isinstance(x, ScoresProxy):
         op = attn.ScaleOp(x.value, value)
         op.output.name_hint = "s"
@@ -225,7 +264,7 @@ def qk(q: TensorProxy, k: TensorProxy, scale: float | None = None) -> ScoresProx
     kv head h // (Hq / Hkv)."""
     t = _tracer("af.qk")
     q, k = _tensor(q, "af.qk q"), _tensor(k, "af.qk k")
-    op = attn.QKOp(q.value, k.value, None if scale is None else _real(scale, "af.qk scale"))
+    op = attn.QKOp(q.value, k.value, None if scale is None else _real(scale, "af.qk scale", "positive"))
     op.scores.name_hint = "s"
     return ScoresProxy(t.emit(op, "af.qk"), q.heads)
 
@@ -240,10 +279,10 @@ def mask(s: ScoresProxy, pred: object) -> ScoresProxy:
             extras = []
             if p.extra is not None:
                 ids = p.extra._extra
-                if ids.spec.ndim != 2 or ids.spec.dtype.is_floating_point:
+                if ids.spec.ndim != 2 or ids.spec.dtype not in (torch.int32, torch.int64):
                     raise AttnFuseError(
-                        f"af.document ids ({ids.name}) must be an integer tensor [B, Nk], "
-                        f"got a {ids.spec.ndim}-d {ids.spec.dtype} tensor"
+                        f"af.document ids ({ids.name}) must be an integer tensor [B, Nk] (torch.int32 or "
+                        f"torch.int64), got a {ids.spec.ndim}-d {ids.spec.dtype} tensor"
                     )
                 ids.require_dim(0, "eq", "B", "document ids [B, Nk]")
                 ids.require_dim(1, "eq", "Nk", "document ids [B, Nk]")
@@ -282,7 +321,7 @@ def softcap(s: ScoresProxy, cap: float) -> ScoresProxy:
     """cap * tanh(s / cap) (Gemma 2, Grok)."""
     t = _tracer("af.softcap")
     s = _scores(s, "af.softcap")
-    op = attn.SoftcapOp(s.value, _real(cap, "af.softcap cap"))
+    op = attn.SoftcapOp(s.value, _real(cap, "af.softcap cap", "positive"))
     op.output.name_hint = "s"
     return ScoresProxy(t.emit(op, "af.softcap"), s.heads)
 

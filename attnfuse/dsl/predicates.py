@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnfuse.dsl.scalars import _describe, _Proxy
+from attnfuse.dsl.scalars import _I32_MAX, _describe, _Proxy, _show
 from attnfuse.dsl.tracing import ExtraProxy
 from attnfuse.errors import AttnFuseError
 
@@ -119,9 +119,14 @@ def _as_predicate(p: object) -> MaskPredicate:
     )
 
 
-def _int_param(x: object, what: str, minimum: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or int(x) < minimum:
-        raise AttnFuseError(f"{what} must be an integer >= {minimum}, got {x!r}")
+def _position_param(x: object, what: str, minimum: int) -> int:
+    """A mask's integer parameter, a number of positions: an int (not a bool) in
+    [minimum, 2**31 - 1], since kernels compute positions in i32."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not minimum <= int(x) <= _I32_MAX:
+        raise AttnFuseError(
+            f"{what} must be an integer in [{minimum}, {_I32_MAX}] (at most 2**31 - 1: kernels compute positions "
+            f"in i32), got {_show(x)}"
+        )
     return int(x)
 
 
@@ -141,13 +146,15 @@ causal = NamedMask("causal")
 
 
 def sliding_window(w: int) -> MaskPredicate:
-    """Keep 0 <= q_pos - kv_pos < w (a causal window of w tokens, the query's own included)."""
-    return NamedMask("sliding_window", _int_param(w, "af.sliding_window(w)", 1))
+    """Keep 0 <= q_pos - kv_pos < w (a causal window of w tokens, the query's own included);
+    1 <= w <= 2**31 - 1, and the largest window is plain causal attention."""
+    return NamedMask("sliding_window", _position_param(w, "af.sliding_window(w)", 1))
 
 
 def prefix_lm(n: int) -> MaskPredicate:
-    """Keep kv_pos < n (the bidirectional prefix) or kv_pos <= q_pos."""
-    return NamedMask("prefix_lm", _int_param(n, "af.prefix_lm(n)", 0))
+    """Keep kv_pos < n (the bidirectional prefix) or kv_pos <= q_pos; 0 <= n <= 2**31 - 1
+    (n = 0 is plain causal attention)."""
+    return NamedMask("prefix_lm", _position_param(n, "af.prefix_lm(n)", 0))
 
 
 def document(ids: object) -> MaskPredicate:

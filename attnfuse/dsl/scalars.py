@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from attnfuse.dsl.tracing import _Extra
 
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+"""The range of i32, the type of integers (positions, indices, constants) in kernels."""
+
+_F32_MAX = 3.4028234663852886e38
+"""The largest finite f32: a float constant or parameter beyond it is infinite in a kernel."""
 
 # --------------------------------------------------------------------------- tracing state
 
@@ -58,6 +62,16 @@ def _describe(x: object) -> str:
     if isinstance(x, _Proxy):
         return repr(x)
     return f"a {type(x).__name__}"
+
+
+def _show(x: object) -> str:
+    """A Python value as an error message quotes it: its repr, with its type when that is
+    not plain int or float (`True (a bool)`); an integer too long to read by its size."""
+    if type(x) is int and x.bit_length() > 64:
+        return f"an integer of {x.bit_length()} bits"
+    if type(x) in (int, float) or isinstance(x, _Proxy):
+        return repr(x)
+    return f"{x!r} (a {type(x).__name__})"
 
 
 class _Proxy:
@@ -132,6 +146,20 @@ class _Region:
         if key not in self.consts:
             self.consts[key] = self.emit(arith.ConstantOp(attr))
         return Scalar(self.consts[key], kind, self)
+
+    def float_const(self, x: numbers.Real) -> Scalar:
+        """The f32 constant of the Python number `x`: NaN, an infinity, or a number within
+        f32's range (a larger one would silently become infinite)."""
+        try:
+            value: float | None = float(x)
+        except OverflowError:  # an int beyond any float
+            value = None
+        if value is not None and (not math.isfinite(value) or abs(value) <= _F32_MAX):
+            return self.const(value)
+        raise AttnFuseError(
+            f"float constant {_show(x)} in {self.what} does not fit in f32 (finite values are at most "
+            f"{_F32_MAX:.7g} in magnitude)"
+        )
 
     def extra_arg(self, extra: _Extra) -> BlockArgument:
         """The region argument standing for `extra`, added on first use."""
@@ -268,7 +296,7 @@ def _lift(x: object, region: _Region) -> Scalar:
     if isinstance(x, numbers.Integral):
         return region.const(int(x))
     if isinstance(x, numbers.Real):
-        return region.const(float(x))
+        return region.float_const(x)
     if isinstance(x, _Proxy):
         raise AttnFuseError(x._not_a_scalar())
     raise AttnFuseError(
@@ -299,7 +327,7 @@ def _lift_pair(a: object, b: object, r: _Region, *, floats: bool = False) -> tup
 
     def one(x: object) -> Scalar:
         if as_float and isinstance(x, numbers.Real) and not isinstance(x, bool):
-            return r.const(float(x))
+            return r.float_const(x)
         return _lift(x, r)
 
     return one(a), one(b)

@@ -238,7 +238,7 @@ class _Tracer:
                 )
         else:
             if isinstance(result, numbers.Real) and not isinstance(result, Scalar):
-                result = region.const(float(result))
+                result = region.float_const(result)
             if not isinstance(result, Scalar):
                 raise AttnFuseError(f"{what} must return a number, got {_describe(result)}")
             result = _to_float(result)
