@@ -40,13 +40,17 @@ class AttnFusePipelinePass(ModulePass):
     """false: leave KV blocks unclassified, so every block up to Nk is visited and
     masked (the baseline of the ablation, benchmarks/ablation.py)."""
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
+    def apply(self, ctx: Context, op: ModuleOp, after: Callable[[str, ModuleOp], None] | None = None) -> None:
+        """Run the stages of `STAGES` in order. `after(stage_name, op)`, if given, is called
+        after each stage that runs (the compiler driver's per-stage IR dump uses it)."""
         if self.sm is not None:
             check_sm(self.sm, self.name)
-        for _, make in STAGES:
+        for name, make in STAGES:
             stage = make(self)
             if stage is not None:
                 stage.apply(ctx, op)
+                if after is not None:
+                    after(name, op)
 
 
 STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = [
