@@ -193,7 +193,9 @@ def test_syntax_error_names_the_place(capsys, tmp_path):
     assert "Expected '='" in err
 
 
-def test_verify_diagnostics_reports_and_exits_zero(capsys, tmp_path):
+def test_verify_diagnostics_without_annotations_prints_for_filecheck(capsys, tmp_path):
+    """An input without expected-error annotations keeps xdsl-opt's meaning: each
+    chunk's diagnostic is printed on stdout, and the exit status is 0."""
     path = write(tmp_path, BAD_HEADS + "// -----\n" + GQA_SOFTCAP)
     out = run_opt(capsys, path, "--split-input-file", "--verify-diagnostics")
     first, second = out.split("// -----\n")
@@ -201,11 +203,43 @@ def test_verify_diagnostics_reports_and_exits_zero(capsys, tmp_path):
     assert second.startswith("builtin.module {")
 
 
-def test_unknown_pass_is_a_diagnostic(capsys, tmp_path):
+def failing_run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[str, str]:
+    """(stdout, stderr) of `attnfuse-opt args...` run in-process; it must exit with 1."""
     with pytest.raises(SystemExit) as exit_info:
-        main(args=[str(write(tmp_path, GQA_SOFTCAP)), "-p", "no-such-pass"])
+        main(args=[str(a) for a in args])
     assert exit_info.value.code == 1
-    assert "Unrecognized passes: ['no-such-pass']" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return out, err
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        ("no-such-pass", "unknown pass 'no-such-pass' (--help lists the passes)"),
+        ("tiling{block-m=64", "column 18: Malformed pass arguments, expected either a space or `}` here"),
+        (",", "column 1: Expected pass name here"),
+        ("tiling,,causal-split", "column 8: Expected pass name here"),
+        ("tiling{block-m=abc}", "pass 'tiling': Incompatible types: given ('abc',), expected int | None"),
+        ("tiling{no-such-option=1}", "pass 'tiling': Provided arguments [\"no_such_option\"] not found"),
+    ],
+)
+def test_a_bad_pass_pipeline_is_one_line(capsys, tmp_path, pipeline, message):
+    """Issue 10 item 11: not a 31-line traceback (ArgSpecParseError is a BaseException)."""
+    _, err = failing_run(capsys, write(tmp_path, GQA_SOFTCAP), "-p", pipeline)
+    assert err.startswith(f"attnfuse-opt: error: pass pipeline '{pipeline}': {message}")
+    assert err.count("\n") == 1
+
+
+def test_input_nested_too_deeply_is_one_line(capsys, tmp_path):
+    """Issue 10 item 11: not a 3000-line RecursionError."""
+    depth = 2000
+    text = "func.func @f() {\n" + '"test.op"() ({\n' * depth + "}) : () -> ()\n" * depth + "func.return\n}\n"
+    _, err = failing_run(capsys, write(tmp_path, text), "--allow-unregistered-dialect")
+    assert err == (
+        f"attnfuse-opt: error: the input is nested too deeply (Python's recursion limit, "
+        f"{sys.getrecursionlimit()}, was reached)\n"
+    )
 
 
 def test_console_script_reports_malformed_ir_without_traceback():
@@ -220,6 +254,129 @@ def test_console_script_reports_malformed_ir_without_traceback():
     good = subprocess.run([exe], input=GQA_SOFTCAP, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
     assert "attn.softcap %s cap = 20.0 : !attn.scores<4>" in good.stdout
+
+
+# --------------------------------------------------------------------------- --split-input-file, --verify-diagnostics
+
+BAD_CAP = """
+func.func @g(%s: !attn.scores<4>) {
+  %c = attn.softcap %s cap = -1.0 : !attn.scores<4>
+  func.return
+}
+"""
+
+
+def test_split_input_file_reports_every_failing_chunk_and_goes_on(capsys, tmp_path):
+    """Issue 10 item 13: xDSL stopped at the first failing chunk."""
+    path = write(tmp_path, BAD_HEADS + "// -----\n" + GQA_SOFTCAP + "// -----\n" + BAD_CAP + "// -----\n" + GQA_SOFTCAP)
+    out, err = failing_run(capsys, path, "--split-input-file")
+    chunks = out.split("// -----\n")
+    assert len(chunks) == 4
+    assert chunks[0] == chunks[2] == ""
+    assert chunks[1] == chunks[3] and "attn.softcap %s cap = 20.0" in chunks[1]
+    errors = [line for line in err.splitlines() if line.startswith("attnfuse-opt: error:")]
+    assert errors == [
+        "attnfuse-opt: error: attn.qk q heads (4) must be a multiple of k heads (3)",
+        "attnfuse-opt: error: attn.softcap cap must be > 0 and finite, got -1.0",
+    ]
+
+
+def annotated(text: str, line: str, annotation: str) -> str:
+    """`text` with `// <annotation>` appended to the line containing `line`."""
+    return "\n".join(f"{t} // {annotation}" if line in t else t for t in text.split("\n"))
+
+
+def test_verify_diagnostics_passes_when_the_annotations_are_met(capsys, tmp_path):
+    bad = annotated(BAD_HEADS, "attn.qk", "expected-error {{must be a multiple of k heads (3)}}")
+    path = write(tmp_path, bad + "// -----\n" + GQA_SOFTCAP)
+    out = run_opt(capsys, path, "--split-input-file", "--verify-diagnostics")
+    first, second = out.split("// -----\n")
+    assert first == ""
+    assert second.startswith("builtin.module {")
+
+
+@pytest.mark.parametrize(
+    ("text", "report"),
+    [
+        (
+            annotated(BAD_HEADS, "attn.qk", "expected-error {{head dims differ}}"),
+            [
+                "in.mlir:3:3: error: unexpected error: attn.qk q heads (4) must be a multiple of k heads (3)",
+                'in.mlir:3:{col}: error: expected error "head dims differ" was not produced',
+            ],
+        ),
+        (
+            annotated(GQA_SOFTCAP, "attn.softcap", "expected-error {{cap must be > 0}}"),
+            ['in.mlir:4:{col}: error: expected error "cap must be > 0" was not produced'],
+        ),
+        (
+            GQA_SOFTCAP + "// -----\n" + annotated(BAD_CAP, "attn.softcap", "expected-error@-1 {{cap must be > 0}}"),
+            [
+                "in.mlir:12:3: error: unexpected error: attn.softcap cap must be > 0 and finite, got -1.0",
+                'in.mlir:12:{col}: error: expected error "cap must be > 0" was not produced',
+            ],
+        ),
+    ],
+    ids=["wrong-message", "not-produced", "wrong-line"],
+)
+def test_verify_diagnostics_fails_when_an_annotation_is_not_met(capsys, tmp_path, text, report):
+    """Issue 10 item 13: xDSL exited 0 whatever the annotations said."""
+    path = write(tmp_path, text)
+    _, err = failing_run(capsys, path, "--split-input-file", "--verify-diagnostics")
+    col = next(line.index("expected-") + 1 for line in text.splitlines() if "expected-" in line)
+    assert err.splitlines() == [f"{tmp_path}/{line.format(col=col)}" for line in report]
+
+
+def test_help_says_what_the_diagnostic_modes_do(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args=["--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for phrase in (
+        "--verify-diagnostics Check the input's `// expected-error {{...}}` annotations",
+        "--split-input-file Split the input at each `// -----` and process every chunk on its own",
+        "--dump-stages DIR",
+        "expected-error@+1",
+        "ATTNFUSE_DUMP_IR=DIR",
+    ):
+        assert phrase in out
+
+
+# --------------------------------------------------------------------------- --dump-stages
+
+
+def test_dump_stages_writes_the_pipeline_stages(capsys, tmp_path):
+    out = run_opt(
+        capsys, write(tmp_path, GQA_SOFTCAP), "-p", "attnfuse-pipeline{sm=0}", "--dump-stages", tmp_path / "d"
+    )
+    names = sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert names == [
+        "00-input.mlir",
+        "01-rope-fusion.mlir",
+        "02-causal-split.mlir",
+        "03-tiling.mlir",
+        "04-convert-attn-to-tl.mlir",
+    ]
+    assert (tmp_path / "d" / "04-convert-attn-to-tl.mlir").read_text() == out.rstrip("\n") + "\n"
+    assert parse((tmp_path / "d" / "00-input.mlir").read_text()).is_structurally_equivalent(parse(GQA_SOFTCAP))
+
+
+def test_dump_stages_with_split_input_file_writes_a_folder_per_chunk(capsys, tmp_path):
+    run_opt(
+        capsys,
+        write(tmp_path, GQA_SOFTCAP + "// -----\n" + GQA_SOFTCAP),
+        "--split-input-file",
+        "-p",
+        "tiling{sm=0}",
+        "--dump-stages",
+        tmp_path / "d",
+    )
+    assert sorted(str(p.relative_to(tmp_path / "d")) for p in (tmp_path / "d").rglob("*.mlir")) == [
+        "0/00-input.mlir",
+        "0/01-tiling.mlir",
+        "1/00-input.mlir",
+        "1/01-tiling.mlir",
+    ]
 
 
 # --------------------------------------------------------------------------- --version

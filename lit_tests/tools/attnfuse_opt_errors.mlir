@@ -33,13 +33,36 @@
 // KIND:        attnfuse-opt: error: unknown rope scaling 'dynamic_ntk', expected one of linear, llama3, yarn
 // KIND-NOT:    Traceback
 
-// Unknown passes, pass options and targets are reported the same way.
+// Unknown passes, pass options and targets, and malformed pass pipelines, are one
+// line naming the pipeline text and what is wrong in it.
 // RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p no-such-pass 2>&1 | filecheck %s --check-prefix=PASS
-// PASS:        attnfuse-opt: error: Unrecognized passes: ['no-such-pass']
-// PASS-NOT:    Traceback
+// PASS:        attnfuse-opt: error: pass pipeline 'no-such-pass': unknown pass 'no-such-pass' (--help lists the passes)
+// PASS-EMPTY:
 // RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p 'canonicalize{no-such-option=1}' 2>&1 | filecheck %s --check-prefix=OPTION
-// OPTION:      attnfuse-opt: error: Provided arguments ["no_such_option"] not found
-// OPTION-NOT:  Traceback
+// OPTION:      attnfuse-opt: error: pass pipeline 'canonicalize{no-such-option=1}': pass 'canonicalize': Provided arguments ["no_such_option"] not found
+// OPTION-EMPTY:
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p 'tiling{block-m=abc}' 2>&1 | filecheck %s --check-prefix=VALUE
+// VALUE:       attnfuse-opt: error: pass pipeline 'tiling{block-m=abc}': pass 'tiling': Incompatible types: given ('abc',), expected int | None
+// VALUE-EMPTY:
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p 'tiling{block-m=64' 2>&1 | filecheck %s --check-prefix=BRACE
+// BRACE:       attnfuse-opt: error: pass pipeline 'tiling{block-m=64': column 18: Malformed pass arguments, expected either a space or `}` here
+// BRACE-EMPTY:
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p ',' 2>&1 | filecheck %s --check-prefix=COMMA
+// COMMA:       attnfuse-opt: error: pass pipeline ',': column 1: Expected pass name here
+// COMMA-EMPTY:
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -p 'tiling,,causal-split' 2>&1 | filecheck %s --check-prefix=COMMAS
+// COMMAS:      attnfuse-opt: error: pass pipeline 'tiling,,causal-split': column 8: Expected pass name here
+// COMMAS-EMPTY:
 // RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -t no-such-target 2>&1 | filecheck %s --check-prefix=TARGET
 // TARGET:      attnfuse-opt: error: argument -t/--target: invalid choice: 'no-such-target'
 // TARGET-NOT:  Traceback
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -t 'mlir{' 2>&1 | filecheck %s --check-prefix=TARGETSPEC
+// TARGETSPEC:  attnfuse-opt: error: target 'mlir{': column 6: Expected argument name here
+// TARGETSPEC-EMPTY:
+
+// Input nested deeper than Python's recursion limit (2000 regions) is one line too,
+// not thousands of lines of RecursionError.
+// RUN: python %S/Inputs/deep_nesting.py > %t.mlir
+// RUN: not attnfuse-opt %t.mlir --allow-unregistered-dialect 2>&1 | filecheck %s --check-prefix=DEEP
+// DEEP:        attnfuse-opt: error: the input is nested too deeply (Python's recursion limit, {{[0-9]+}}, was reached)
+// DEEP-EMPTY:
