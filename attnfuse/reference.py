@@ -218,7 +218,8 @@ class _Executor:
         if op.inv_freq is not None:
             inv_freq, magnitude = self.values[op.inv_freq].to(torch.float64), 1.0
         else:
-            inv_freq, magnitude = op_inv_freq(op)
+            freqs, magnitude = op_inv_freq(op)
+            inv_freq = torch.tensor(freqs, dtype=torch.float64)
         n = x.shape[2]
         pos = torch.arange(self.nk - n, self.nk, dtype=torch.float64, device=self.device)
         angle = pos[:, None] * inv_freq.to(self.device)[None, :]

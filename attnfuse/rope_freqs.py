@@ -1,40 +1,41 @@
 """RoPE frequencies: the meaning of `attn.rope`'s theta, rotary_dim and scaling.
 
 Shared by the reference executor and the generated kernels' host code: both need
-the same inv_freq vector (rotary_dim / 2 entries) and cos/sin magnitude factor.
+the same inv_freq vector (rotary_dim / 2 entries) and cos/sin magnitude factor. Plain
+Python floats (at most a few dozen), so the compiler never imports torch.
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-
 from attnfuse.dialects.attn import RopeOp
 
 
 def inv_freq(
     theta: float, rotary_dim: int, scaling: str | None = None, **params: float | bool
-) -> tuple[torch.Tensor, float]:
-    """(inv_freq as float64 [rotary_dim // 2], magnitude factor applied to cos and sin)."""
+) -> tuple[list[float], float]:
+    """(inv_freq, rotary_dim // 2 float64 values; the magnitude factor applied to cos and sin)."""
     r = rotary_dim
-    exponent = torch.arange(0, r, 2, dtype=torch.float64) / r
-    base = 1.0 / (theta**exponent)
+    base = [1.0 / (theta ** (i / r)) for i in range(0, r, 2)]
     if scaling is None:
         return base, 1.0
     factor = params["factor"]
     if scaling == "linear":
-        return base / factor, 1.0
+        return [f / factor for f in base], 1.0
     if scaling == "llama3":
         old = params.get("original_max_position", 8192.0)
         low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
         low_wavelen, high_wavelen = old / low, old / high
-        wavelen = 2 * math.pi / base
-        scaled = torch.where(wavelen > low_wavelen, base / factor, base)
-        smooth = (old / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled), 1.0
+        freqs = []
+        for f in base:
+            wavelen = 2 * math.pi / f
+            scaled = f / factor if wavelen > low_wavelen else f
+            if high_wavelen <= wavelen <= low_wavelen:  # between the bands: interpolate
+                smooth = (old / wavelen - low) / (high - low)
+                scaled = (1 - smooth) * scaled / factor + smooth * scaled
+            freqs.append(scaled)
+        return freqs, 1.0
     if scaling == "yarn":
         old = params["original_max_position"]
         beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
@@ -48,15 +49,17 @@ def inv_freq(
         lo, hi = max(lo, 0), min(hi, r - 1)
         if lo == hi:
             hi += 0.001
-        ramp = ((torch.arange(r // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
-        extrapolation = 1 - ramp
-        freqs = (base / factor) * (1 - extrapolation) + base * extrapolation
+        freqs = []
+        for i, f in enumerate(base):
+            ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
+            extrapolation = 1 - ramp
+            freqs.append((f / factor) * (1 - extrapolation) + f * extrapolation)
         attn_factor = params.get("attention_factor", 0.0) or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
         return freqs, attn_factor
     raise ValueError(f"unknown rope scaling '{scaling}'")
 
 
-def op_inv_freq(op: RopeOp) -> tuple[torch.Tensor, float]:
+def op_inv_freq(op: RopeOp) -> tuple[list[float], float]:
     """inv_freq and magnitude factor of an `attn.rope` op without an inv_freq operand."""
     scaling = op.scaling
     params = scaling.values if scaling is not None else {}

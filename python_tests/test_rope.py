@@ -9,9 +9,21 @@ import math
 import pytest
 import torch
 
+from attnfuse import rope_freqs
 from attnfuse.dialects.attn import RopeOp
 from attnfuse.ir import parse_module
-from attnfuse.rope_freqs import inv_freq, op_inv_freq
+
+
+def inv_freq(*args, **params) -> tuple[torch.Tensor, float]:
+    """rope_freqs.inv_freq, its plain floats (the compiler does not import torch) as a tensor."""
+    freqs, magnitude = rope_freqs.inv_freq(*args, **params)
+    assert all(type(f) is float for f in freqs)
+    return as_tensor(freqs), magnitude
+
+
+def op_inv_freq(op: RopeOp) -> tuple[torch.Tensor, float]:
+    freqs, magnitude = rope_freqs.op_inv_freq(op)
+    return as_tensor(freqs), magnitude
 
 
 def base_freqs(theta: float, dim: int) -> list[float]:

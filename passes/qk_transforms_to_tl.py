@@ -1,0 +1,226 @@
+"""Q's and K's pre-matmul transforms (attn.rope, attn.norm, attn.scale) on tl tiles.
+
+A q or k tile is [tokens, head dim] (or its transpose), padded to a power-of-two head
+dim with masked loads; the transforms run in fp32. RoPE needs no data movement between
+channels: a rotated tile is x * cos + partner(x) * sign * sin, where partner(x) is a
+second load of the same rows with each channel's pair partner, taken through the same
+transforms. cos and sin are read from host-built [positions, rotary_dim / 2] tables
+(for theta and scaling; `tables` lists them for the launcher) or computed from an
+inv_freq operand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import f32
+from xdsl.ir import Operation, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse.dialects import attn, tl
+from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
+from attnfuse.rope_freqs import op_inv_freq
+
+
+@dataclass(frozen=True)
+class RopeLayout:
+    """Which channels RoPE pairs: `half` pairs c with c + R/2, `interleaved` pairs 2i with
+    2i + 1; channels from `rotary_dim` on pass through."""
+
+    style: str
+    rotary_dim: int
+
+
+def rope_layout(ropes: Sequence[attn.RopeOp]) -> RopeLayout | None:
+    """The single rope layout of a variant (q and k must agree to meet in one dot)."""
+    if not ropes:
+        return None
+    layouts = {(r.style.data, r.rotary_dim.value.data) for r in ropes}
+    if len(layouts) > 1:
+        raise DiagnosticException(
+            "the Triton lowering needs every attn.rope of a variant to share style and rotary_dim, "
+            f"got {sorted(layouts)}"
+        )
+    style, rdim = layouts.pop()
+    return RopeLayout(style, rdim)
+
+
+@dataclass
+class QKTransforms:
+    """Builds the transforms of q and k tiles for the kernels of one variant."""
+
+    layout: RopeLayout | None
+    """The channel pairs of every attn.rope of the variant."""
+    d: int
+    """The head dim."""
+    tensor: Callable[[Params, SSAValue], TensorParam]
+    """A kernel's parameter for a tensor argument of the function (norm weights, inv_freq)."""
+    tables: dict[str, tuple[list[float], float]] = field(default_factory=dict)
+    """The cos/sin tables the launcher builds: key -> (inv_freq, magnitude)."""
+
+    @property
+    def dpad(self) -> int:
+        """The head dim of a tile: a power of two."""
+        return pow2(self.d)
+
+    def rope_tables(self, p: Params, op: attn.RopeOp) -> tuple[SSAValue, SSAValue]:
+        """Pointers to the host-built [positions, rotary_dim / 2] cos and sin tables of a rope
+        given by theta and scaling (no sin/cos in the kernel: it would cost more than a load)."""
+        entry = op_inv_freq(op)
+        key = next((k for k, e in self.tables.items() if e == entry), f"rope_{len(self.tables)}")
+        self.tables[key] = entry
+        return (
+            p.param(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
+            p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
+        )
+
+    # ------------------------------------------------------------------ pre-matmul chains
+    def channels(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue | None]:
+        """(channel index tile [D padded], each channel's RoPE partner or None)."""
+        offs_d = kb.arange(self.dpad, hint="offs_d")
+        layout = self.layout
+        if layout is None:
+            return offs_d, None
+        r, half = layout.rotary_dim, layout.rotary_dim // 2
+        if layout.style == "half":
+            partner = kb.where(
+                kb.cmp("<", offs_d, half),
+                kb.add(offs_d, half),
+                kb.where(kb.cmp("<", offs_d, r), kb.sub(offs_d, half), offs_d),
+                hint="partner_d",
+            )
+        else:
+            partner = kb.where(kb.cmp("<", offs_d, r), kb.xor(offs_d, 1), offs_d, hint="partner_d")
+        return offs_d, partner
+
+    def load_tile(
+        self,
+        kb: KernelBuilder,
+        base: SSAValue,
+        tok_offs: SSAValue,
+        tok_ok: SSAValue | None,
+        tok_stride: SSAValue,
+        chan_stride: SSAValue,
+        chans: SSAValue,
+        tokens_first: bool,
+        hint: str,
+    ) -> SSAValue:
+        """Load a [tokens, head dim] tile (or its transpose), masked where out of range."""
+        tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
+        ptr = kb.add(
+            kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
+            kb.mul(chan_axis(chans), chan_stride),
+            hint=f"{hint}_ptr",
+        )
+        mask = tok_axis(tok_ok) if tok_ok is not None else None
+        if self.dpad != self.d:
+            cmask = chan_axis(kb.cmp("<", chans, self.d))
+            mask = cmask if mask is None else kb.and_(mask, cmask)
+        return kb.load(ptr, mask, 0.0, hint=hint)
+
+    def transformed(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        ops: Sequence[Operation],
+        load: Callable[[SSAValue], SSAValue],
+        pos: SSAValue,
+        tok_ok: SSAValue | None,
+        tokens_first: bool,
+        prefix: str,
+        signed_pos: bool = False,
+    ) -> SSAValue:
+        """Load a q/k tile with `load(channels)` and apply rope/norm/scale in fp32.
+
+        Before a rope, the pair partners (a second, permuted load) go through the same
+        ops, so the rotation needs no data movement between channels. `prefix` names the
+        values; `signed_pos`: positions may be negative (queries when Nq > Nk), so the
+        tables are read at |pos| and sin takes the position's sign."""
+        offs_d, partner_d = self.channels(kb)
+        x = kb.cast(load(offs_d), f32)
+        has_rope = any(isinstance(op, attn.RopeOp) for op in ops)
+        xp = kb.cast(load(partner_d), f32) if has_rope and partner_d is not None else None
+        tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
+        chan_dim = 1 if tokens_first else 0
+        for op in ops:
+            if isinstance(op, attn.ScaleOp):
+                x = kb.mul(x, op.value.value.data)
+                xp = kb.mul(xp, op.value.value.data) if xp is not None else None
+            elif isinstance(op, attn.NormOp):
+                total = kb.reduce("sum", kb.mul(x, x), chan_dim)
+                r = tok_axis(
+                    kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data), hint=f"{prefix}_rstd")
+                )
+                x = kb.mul(x, r, hint=f"{prefix}_normed")
+                xp = kb.mul(xp, r) if xp is not None else None
+                if op.weight is not None:
+                    w = self.tensor(p, op.weight)
+                    dmask = kb.cmp("<", offs_d, self.d) if self.dpad != self.d else None
+
+                    def weight(chans: SSAValue, w=w, dmask=dmask) -> SSAValue:
+                        wt = kb.load(kb.add(w.ptr, kb.mul(chans, w.strides[0])), dmask, 0.0)
+                        return chan_axis(kb.cast(wt, f32))
+
+                    x = kb.mul(x, weight(offs_d), hint=f"{prefix}_weighted")
+                    xp = kb.mul(xp, weight(partner_d)) if xp is not None and partner_d is not None else None
+            elif isinstance(op, attn.RopeOp):
+                assert xp is not None and partner_d is not None
+                x = self.rotated(kb, p, op, x, xp, offs_d, pos, tok_ok, tokens_first, prefix, signed_pos)
+                xp = None
+            else:
+                raise DiagnosticException(f"'{op.name}' cannot transform q or k")
+        return x
+
+    def rotated(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        op: attn.RopeOp,
+        x: SSAValue,
+        xp: SSAValue,
+        offs_d: SSAValue,
+        pos: SSAValue,
+        tok_ok: SSAValue | None,
+        tokens_first: bool,
+        prefix: str,
+        signed_pos: bool,
+    ) -> SSAValue:
+        """x * cos + partner(x) * sign * sin, for the channel pairs of `self.layout`."""
+        assert self.layout is not None
+        tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
+        r, half = self.layout.rotary_dim, self.layout.rotary_dim // 2
+        interleaved = self.layout.style == "interleaved"
+        pair = kb.floordiv(offs_d, 2) if interleaved else kb.rem(offs_d, half)
+        first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
+        sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")
+        rotated = kb.cmp("<", offs_d, r)
+        if op.inv_freq is None:
+            cos_ptr, sin_ptr = self.rope_tables(p, op)
+            tok_sign = None
+            if signed_pos:
+                tok_sign = tok_axis(kb.where(kb.cmp("<", pos, 0), -1.0, 1.0))
+                pos = kb.unary(tl.AbsOp, pos)
+            idx = kb.add(kb.mul(tok_axis(pos), half), chan_axis(pair), hint=f"{prefix}_trig_idx")
+            tmask = chan_axis(rotated)
+            if tok_ok is not None:
+                tmask = kb.and_(tok_axis(tok_ok), tmask)
+            cos = kb.load(kb.add(cos_ptr, idx), tmask, 1.0, hint=f"{prefix}_cos")
+            sin = kb.mul(kb.load(kb.add(sin_ptr, idx), tmask, 0.0), chan_axis(sign), hint=f"{prefix}_sin")
+            if tok_sign is not None:
+                sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
+        else:
+            freq_ptr = self.tensor(p, op.inv_freq)
+            freq = kb.cast(
+                kb.load(
+                    kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])),
+                    rotated,
+                    0.0,
+                    hint=f"{prefix}_inv_freq",
+                ),
+                f32,
+            )
+            angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
+            cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
+            sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
+        return kb.add(kb.mul(x, cos), kb.mul(xp, sin), hint=f"{prefix}_rot")
