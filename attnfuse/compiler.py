@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,4 +116,4 @@ def _ir_dump(
     text = f"{module}\n{sm=} {seq_len=} {sorted(options.items())}"
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     name = next((op.sym_name.data for op in module.ops if isinstance(op, FuncOp)), "module")
-    return IRDump(Path(root) / f"{name}-{digest}")
+    return IRDump(Path(root) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}")

@@ -46,7 +46,7 @@ from xdsl.utils.exceptions import (
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse import __version__
-from attnfuse.ir import LocatingParser, SourceMap, first_verifier_error, verify_module
+from attnfuse.ir import LocatingParser, SourceMap, first_verifier_error
 
 if TYPE_CHECKING:
     from attnfuse.compiler import IRDump  # the compiler is imported only for --dump-stages
@@ -272,7 +272,7 @@ class AttnFuseOptMain(xDSLOptMain):
             if self.args.time_passes:
                 print(f"Pass {module_pass.name} took {time.perf_counter() - start} seconds")
             if not self.args.disable_verify:
-                verify_module(prog, self._source)
+                self.verify(prog)
             if self.args.print_between_passes and index + 1 < len(passes):
                 print(f"IR after {module_pass.name}:")
                 Printer(stream=sys.stdout).print_op(prog)
@@ -299,6 +299,15 @@ class AttnFuseOptMain(xDSLOptMain):
         self._source = parser.source
         return parser.parse_module(not self.args.no_implicit_module)
 
+    def verify(self, module: ModuleOp) -> None:
+        """Verify, dominance included; a failure names its op's line where it is known."""
+        if (found := first_verifier_error(module, self._source)) is None:
+            return
+        if self._source is None or found.op is None:
+            raise _ChunkFailed(ChunkError(found.error))
+        line, where = self._source.line(found.op), self._source.locate(found.op)
+        raise _ChunkFailed(ChunkError(found.error, line, where))
+
     def process_chunk(self, text: bytes, offset: int, file_extension: str) -> str:
         """Parse, verify, transform and print one chunk; raise `_ChunkFailed` on invalid input."""
         try:
@@ -306,11 +315,7 @@ class AttnFuseOptMain(xDSLOptMain):
             if module is None:
                 return ""
             if not self.args.disable_verify:
-                if (found := first_verifier_error(module, self._source)) is not None:
-                    if self._source is None or found.op is None:
-                        raise _ChunkFailed(ChunkError(found.error))
-                    line, where = self._source.line(found.op), self._source.locate(found.op)
-                    raise _ChunkFailed(ChunkError(found.error, line, where))
+                self.verify(module)
             self.apply_passes(module)
             return self.output_resulting_program(module)
         except ParseError as e:
