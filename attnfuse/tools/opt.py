@@ -22,27 +22,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import re
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from io import BytesIO, StringIO
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 from xdsl.printer import Printer
-from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.arg_spec import parse_pipeline, parse_spec
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
     DiagnosticException,
     ParseError,
     ShrinkException,
 )
+from xdsl.utils.target import Target
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from attnfuse import __version__
@@ -212,6 +214,19 @@ class AttnFuseOptMain(xDSLOptMain):
             super().__init__(description=DESCRIPTION, args=args)
         except ArgSpecParseError as e:  # xDSL parses the -t spec after the arguments
             raise UsageError(f"target '{self.args.target}': {_arg_spec_error(e)}") from None
+        self._check_target_options()
+
+    def _check_target_options(self) -> None:
+        """Build the target once, so that a bad option (`-t 'triton{x=1}'`) is a usage
+        error before any input is read, not a failure of every chunk."""
+        spec = parse_spec(self.args.target)
+        factory = self.available_targets[spec.name]
+        if inspect.signature(factory).parameters:
+            return  # an old-style target: a printing function, with no options
+        try:
+            cast(Callable[[], type[Target]], factory)().from_spec(spec)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"target '{self.args.target}': {e}") from None
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser):
         super().register_all_arguments(arg_parser)
@@ -318,6 +333,8 @@ class AttnFuseOptMain(xDSLOptMain):
                 self.verify(module)
             self.apply_passes(module)
             return self.output_resulting_program(module)
+        except UnicodeDecodeError as e:
+            raise _ChunkFailed(ChunkError(ValueError(f"{self.get_input_name()} is not UTF-8 text: {e}"))) from None
         except ParseError as e:
             e.span = dataclasses.replace(e.span, line_offset=offset)
             where = e.span.get_location()

@@ -59,6 +59,15 @@
 // RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -t 'mlir{' 2>&1 | filecheck %s --check-prefix=TARGETSPEC
 // TARGETSPEC:  attnfuse-opt: error: target 'mlir{': column 6: Expected argument name here
 // TARGETSPEC-EMPTY:
+// RUN: not attnfuse-opt %S/Inputs/verify_error.mlir -t 'triton{no-such-option=1}' 2>&1 | filecheck %s --check-prefix=TARGETOPTION
+// TARGETOPTION: attnfuse-opt: error: target 'triton{no-such-option=1}': Provided arguments ["no_such_option"] not found
+// TARGETOPTION-EMPTY:
+
+// Input that is not UTF-8 text.
+// RUN: printf '\377\376garbage' > %t.bin.mlir
+// RUN: not attnfuse-opt %t.bin.mlir 2>&1 | filecheck %s --check-prefix=BINARY
+// BINARY:      attnfuse-opt: error: {{.*}}.bin.mlir is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 0
+// BINARY-EMPTY:
 
 // Input nested deeper than Python's recursion limit (2000 regions) is one line too,
 // not thousands of lines of RecursionError.
