@@ -139,29 +139,34 @@ def parse_expectations(text: str, line_offset: int = 0) -> list[ExpectedDiagnost
             last_plain = number
             continue
         for m in annotations:
-            where = m["where"]
-            target: int | None
-            if where is None:
-                target = number
-            elif where == "unknown":
-                target = None
-            elif where == "above":
-                target = last_plain if last_plain is not None else number
-            elif where == "below":
-                target = number  # resolved at the next line without annotations
-            else:
-                target = number + int(where)
             message = m["message"].strip()
-            if m["regex"]:
-                parts = re.split(r"\{\{(.*?)\}\}", message)
-                source = "".join(re.escape(p) if i % 2 == 0 else f"(?:{p})" for i, p in enumerate(parts))
-            else:
-                source = re.escape(message)
-            expected = ExpectedDiagnostic(m["severity"], target, re.compile(source), message, number, m.start() + 1)
-            if where == "below":
+            target = _target_line(m["where"], number, last_plain)
+            pattern = _message_pattern(message, regex=bool(m["regex"]))
+            expected = ExpectedDiagnostic(m["severity"], target, pattern, message, number, m.start() + 1)
+            if m["where"] == "below":
                 below.append(expected)
             found.append(expected)
     return found
+
+
+def _target_line(where: str | None, number: int, last_plain: int | None) -> int | None:
+    """The line an annotation on line `number` refers to (None: no location); `@below`
+    is resolved later, at the next line without annotations."""
+    if where is None or where == "below":
+        return number
+    if where == "unknown":
+        return None
+    if where == "above":
+        return last_plain if last_plain is not None else number
+    return number + int(where)
+
+
+def _message_pattern(message: str, regex: bool) -> re.Pattern[str]:
+    """A substring match of `message`; with `-re`, its `{{...}}` parts are regexes."""
+    if not regex:
+        return re.compile(re.escape(message))
+    parts = re.split(r"\{\{(.*?)\}\}", message)
+    return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?:{p})" for i, p in enumerate(parts)))
 
 
 @dataclass
@@ -362,11 +367,7 @@ class AttnFuseOptMain(xDSLOptMain):
                 self._chunk_index = index
                 if index > 0:
                     output.write("// -----\n")
-                failure: ChunkError | None = None
-                try:
-                    output.write(self.process_chunk(text, offset, file_extension))
-                except _ChunkFailed as e:
-                    failure = e.failure
+                failure = self._run_chunk(text, offset, file_extension, output)
                 if checking:
                     ok &= self._check_expectations(failure, expectations[index])
                 elif failure is not None:
@@ -384,6 +385,14 @@ class AttnFuseOptMain(xDSLOptMain):
             sys.exit(1)
         if not ok:
             sys.exit(1)
+
+    def _run_chunk(self, text: bytes, offset: int, file_extension: str, output: IO[str]) -> ChunkError | None:
+        """Process one chunk, writing its result to `output`; what failed, or None."""
+        try:
+            output.write(self.process_chunk(text, offset, file_extension))
+        except _ChunkFailed as e:
+            return e.failure
+        return None
 
     def _report_unchecked(self, failure: ChunkError, output: IO[str]) -> bool:
         """xdsl-opt's modes: a diagnostic --verify-diagnostics (or a syntax error
