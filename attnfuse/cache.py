@@ -7,11 +7,36 @@ Triton version and the AttnFuse version (plus a fingerprint of AttnFuse's source
 so that a changed compiler never serves a stale kernel).
 
 On disk (`$ATTNFUSE_CACHE_DIR`, default `~/.cache/attnfuse`), a kernel is one Python
-file `kernels/<key>.py`: the generated source, then a last comment line carrying the
-launch parameters as JSON. It is written to a temporary file in the same folder and
-renamed into place (`os.replace`), so readers never see a partial file and two
-processes compiling the same kernel both succeed, leaving one valid file. A
-`<key>.mlir` beside it holds the IR, for people.
+file `kernels/<key>.py`: the generated source, a comment line carrying the launch
+parameters as JSON, and a last comment line with the sha256 of the key and everything
+before it. It is written to a temporary file in the same folder and renamed into place
+(`os.replace`), so readers never see a partial file. A `<key>.mlir` beside it holds the
+IR, for people; `<key>.lock` is the entry's lock file.
+
+The disk is untrusted input, since importing a cache file runs it:
+
+- The cache folder and its `kernels` folder must be owned by the user and writable by
+  nobody else; they are created with mode 0700. A folder that fails this, or cannot be
+  created or written (read-only, `HOME` unwritable, a full disk), is not used: kernels
+  go to a private temporary folder for the rest of the process, with one warning that
+  names `ATTNFUSE_CACHE_DIR`.
+- A kernel file is imported only when it is a regular file owned by the user, writable
+  by nobody else (files are written with mode 0600), and its last line holds the right
+  hash. Otherwise, or when importing it raises anything (`SystemExit` included; only
+  `KeyboardInterrupt` propagates), a warning says why and the kernel is compiled again,
+  replacing the file.
+- A kernel read from disk is trusted after its first launch: if that launch raises,
+  the file is deleted, the kernel compiled again and launched once more
+  (`KernelCache.launcher`).
+
+There is no shared-cache mode: a folder others may write to is refused, not shared.
+
+Concurrency: within a process, one lock per key serialises the lookup, compilation and
+import of that kernel (other kernels proceed). Across processes, an exclusive
+`fcntl.flock` on the entry's lock file does the same: one process compiles, the others
+wait and then load its file (`torchrun` ranks starting cold). Interpreted launches are
+serialised (`interpreter_library`): Triton's interpreter patches `triton.language`
+globally while a kernel runs.
 
 `triton.jit` reads its function's source, so generated code is imported from that
 real file (`importlib`). Whether `triton.jit` builds an interpreted function is
@@ -22,14 +47,18 @@ cached apart.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.util
 import json
 import os
+import shutil
+import stat
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +70,7 @@ from xdsl.dialects.builtin import ModuleOp
 import attnfuse
 
 _PARAMS_MARK = "# attnfuse-launch-params: "
+_HASH_MARK = "# attnfuse-sha256: "
 
 CompileFn = Callable[..., Any]
 """`compile_module(module, *, sm, seq_len)` returning an object with `.source` (Python
@@ -143,11 +173,15 @@ class LoadedKernel:
     launch_params: dict[str, Any]
     module: ModuleType
     interpret: bool
+    from_disk: bool = False
+    """Read from the disk cache (not compiled by this process): see `KernelCache.launcher`."""
 
     @property
     def launch(self) -> Callable[..., Any]:
+        """The module's `launch`; for an interpreted kernel, inside `interpreter_library()`,
+        which also serialises interpreted launches."""
         launch = self.module.launch
-        if not self.interpret or not _compiled_library_functions():
+        if not self.interpret:
             return launch
 
         def interpreted(*args: Any) -> Any:
@@ -218,7 +252,9 @@ _library_swaps: list[tuple[Any, str, Any, Any]] | None = None
 
 def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
     """(owner, attribute, compiled function, interpreted twin) for every compiled
-    `@triton.jit` function of Triton's library; found once per process."""
+    `@triton.jit` function of Triton's library; found once per process. Call it under
+    `_library_lock` only (`interpreter_library`): while another thread's launch has
+    swapped them, a search would find only the twins."""
     global _library_swaps
     if _library_swaps is None:
         import triton.language as tl
@@ -249,7 +285,10 @@ def interpreter_library() -> Iterator[None]:
     imported, and an interpreted kernel cannot call a compiled one. Inside this block
     every compiled library function (attributes of the `triton.language` modules and
     of `tl.tensor`) is replaced by an interpreted twin; on exit the originals come
-    back. A process started with TRITON_INTERPRET=1 has nothing to replace."""
+    back. A process started with TRITON_INTERPRET=1 has nothing to replace.
+
+    The block holds a process-wide lock, so interpreted launches run one at a time: the
+    interpreter itself patches `triton.language` while a kernel runs."""
     with _library_lock:
         swaps = _compiled_library_functions()
         for owner, attr, _, twin in swaps:
@@ -286,12 +325,120 @@ def _jsonable(x: Any) -> Any:
     return repr(x)
 
 
-def _split_source(text: str) -> tuple[str, dict[str, Any]]:
-    """The generated source and launch parameters of a cache file."""
+def _digest(key: str, text: str) -> str:
+    return hashlib.sha256(f"{key}\n{text}".encode()).hexdigest()
+
+
+def entry_text(key: str, source: str, launch_params: dict[str, Any]) -> str:
+    """The text of the cache file of kernel `key`: the generated `source`, a line of
+    launch parameters, and a line with the hash of the key and the lines before it."""
+    params = json.dumps(_jsonable(launch_params), sort_keys=True)
+    text = f"{source}{_PARAMS_MARK}{params}\n"
+    return f"{text}{_HASH_MARK}{_digest(key, text)}\n"
+
+
+def _split_source(text: str, key: str) -> tuple[str, dict[str, Any]]:
+    """The generated source and launch parameters of the cache file of kernel `key`;
+    ValueError when the file does not carry the hash of its content."""
     body, _, last = text.rstrip("\n").rpartition("\n")
-    if not last.startswith(_PARAMS_MARK):
-        raise ValueError("the cache file has no launch-parameters line")
-    return body + "\n", json.loads(last[len(_PARAMS_MARK) :])
+    if not last.startswith(_HASH_MARK):
+        raise ValueError("it has no hash line")
+    if last[len(_HASH_MARK) :] != _digest(key, body + "\n"):
+        raise ValueError("its content does not match the hash written with it")
+    source, _, params = body.rpartition("\n")
+    if not params.startswith(_PARAMS_MARK):
+        raise ValueError("it has no launch-parameters line")
+    return source + "\n", json.loads(params[len(_PARAMS_MARK) :])
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+def _untrusted(path: Path, st: os.stat_result) -> str | None:
+    """Why `path` (stat `st`) may hold files others wrote, or None: it must be owned by
+    this user and writable by nobody else."""
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"it is owned by user id {st.st_uid}, not by this user ({os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"it is writable by its group or by others (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _unusable(folder: Path) -> str | None:
+    """Why kernels cannot be cached in `folder` (created with mode 0700 if missing), or None."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError as e:
+        return f"it cannot be created ({e})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if reason := _untrusted(folder, st):
+        return reason
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
+
+
+_fallback: Path | None = None
+_fallback_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _fall_back(configured: Path, reason: str) -> Path:
+    """The private temporary kernel folder of this process (created once, removed at
+    exit), after one warning per unusable configured folder."""
+    global _fallback
+    with _fallback_lock:
+        if _fallback is None:
+            root = tempfile.mkdtemp(prefix="attnfuse-cache-")
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            _fallback = Path(root) / "kernels"
+            _fallback.mkdir(mode=0o700)
+        if str(configured) not in _warned:
+            _warned.add(str(configured))
+            warnings.warn(
+                f"AttnFuse cannot use the kernel cache folder {configured}: {reason}. Kernels are cached in "
+                f"{_fallback.parent} for this process only; set ATTNFUSE_CACHE_DIR to a folder of yours that "
+                f"only you can write to.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return _fallback
+
+
+def kernel_folder() -> Path:
+    """The folder kernel files go to: `cache_dir()/kernels` when both folders are usable
+    (see the module docstring), else this process's private temporary folder."""
+    configured = cache_dir()
+    for folder in (configured, configured / "kernels"):
+        if reason := _unusable(folder):
+            return _fall_back(configured, f"{folder} {reason}" if folder != configured else reason)
+    return configured / "kernels"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created with mode 0600) inside the block.
+    Where the lock file cannot be opened, the block runs unlocked: atomic writes keep the
+    cache valid, only the work may be repeated."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 _STATS = {"compiles": 0, "disk_loads": 0}
@@ -304,53 +451,119 @@ class KernelCache:
     def __init__(self) -> None:
         self._memory: dict[bool, dict[str, LoadedKernel]] = {False: {}, True: {}}
         self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
 
     def clear_memory(self) -> None:
         for d in self._memory.values():
             d.clear()
 
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
     def get(self, module: ModuleOp, spec: KernelSpec) -> LoadedKernel:
         """The kernel for `module` (the variant's IR) and `spec`: from memory, else from
         disk, else compiled (`compile_module(module, sm=..., seq_len=bucket)`) and
-        written to disk first."""
+        written to disk first. One thread per key, and one process per key and cache
+        folder, looks it up at a time."""
         key = spec.key()
         memory = self._memory[spec.interpret]
         if (k := memory.get(key)) is not None:
             return k
-        with self._lock:
+        with self._key_lock(key):
             if (k := memory.get(key)) is not None:
                 return k
-            folder = cache_dir() / "kernels"
-            path = folder / f"{key}.py"
-            kernel = None
-            if path.exists():
-                kernel = self._load(path, key, spec.interpret)
+            folder = kernel_folder()
+            with _file_lock(folder / f"{key}.lock"):
+                kernel = self._load(folder / f"{key}.py", key, spec.interpret)
                 if kernel is not None:
                     _STATS["disk_loads"] += 1
-            if kernel is None:
-                compiled = _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket)
-                source = compiled.source if compiled.source.endswith("\n") else compiled.source + "\n"
-                params = json.dumps(_jsonable(compiled.launch_params), sort_keys=True)
-                folder.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(OSError):
-                    _write_atomic(folder / f"{key}.mlir", spec.ir)
-                _write_atomic(path, f"{source}{_PARAMS_MARK}{params}\n")
-                _STATS["compiles"] += 1
-                module_ = load_module(path, interpret=spec.interpret)
-                kernel = LoadedKernel(key, path, source, json.loads(params), module_, spec.interpret)
+                else:
+                    kernel = self._compile(module, spec, key, folder)
             memory[key] = kernel
             return kernel
 
     @staticmethod
-    def _load(path: Path, key: str, interpret: bool) -> LoadedKernel | None:
-        """A kernel from its cache file; None when the file is unreadable or broken
-        (it is then recompiled and overwritten)."""
+    def _compile(module: ModuleOp, spec: KernelSpec, key: str, folder: Path) -> LoadedKernel:
+        """Compile, write the cache file (in the fallback folder if writing fails) and
+        import it."""
+        compiled = _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket)
+        source = compiled.source if compiled.source.endswith("\n") else compiled.source + "\n"
+        text = entry_text(key, source, compiled.launch_params)
         try:
-            source, params = _split_source(path.read_text(encoding="utf-8"))
-            module = load_module(path, interpret=interpret)
-        except Exception:
+            _write_atomic(folder / f"{key}.py", text)
+        except OSError as e:
+            folder = _fall_back(cache_dir(), f"writing {folder / f'{key}.py'} failed ({e})")
+            _write_atomic(folder / f"{key}.py", text)
+        with contextlib.suppress(OSError):
+            _write_atomic(folder / f"{key}.mlir", spec.ir)
+        _STATS["compiles"] += 1
+        params = _split_source(text, key)[1]
+        path = folder / f"{key}.py"
+        return LoadedKernel(key, path, source, params, load_module(path, interpret=spec.interpret), spec.interpret)
+
+    @staticmethod
+    def _load(path: Path, key: str, interpret: bool) -> LoadedKernel | None:
+        """A kernel from its cache file; None, with a warning saying why, when the file
+        is missing, untrusted, damaged or fails to import (it is then compiled again)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
             return None
-        return LoadedKernel(key, path, source, params, module, interpret)
+        reason = "it is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(path, st)
+        if reason is None:
+            try:
+                source, params = _split_source(path.read_text(encoding="utf-8"), key)
+            except (OSError, ValueError) as e:
+                reason = f"it cannot be read or was changed after it was written: {e}"
+        if reason is not None:
+            _warn(f"AttnFuse ignores the cached kernel {path}: {reason}; it is compiled again")
+            return None
+        try:
+            module = load_module(path, interpret=interpret)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # a cache file must not end the process (SystemExit)
+            _warn(f"AttnFuse ignores the cached kernel {path}: importing it raised {e!r}; it is compiled again")
+            return None
+        return LoadedKernel(key, path, source, params, module, interpret, from_disk=True)
+
+    def evict(self, kernel: LoadedKernel) -> None:
+        """Forget `kernel` in memory and delete its cache file."""
+        memory = self._memory[kernel.interpret]
+        with self._key_lock(kernel.key):
+            if memory.get(kernel.key) is kernel:
+                del memory[kernel.key]
+            with contextlib.suppress(OSError):
+                kernel.path.unlink()
+
+    def launcher(self, module: ModuleOp, spec: KernelSpec) -> tuple[LoadedKernel, Callable[..., Any]]:
+        """The kernel (as `get`) and the function that launches it. A kernel read from
+        disk is trusted after its first launch: if that raises (anything but
+        `KeyboardInterrupt`), its file is evicted, the kernel compiled again and launched
+        once more; a second failure propagates."""
+        kernel = self.get(module, spec)
+        if not kernel.from_disk:
+            return kernel, kernel.launch
+        launch, checked = kernel.launch, False
+
+        def first_launch_checked(*args: Any) -> Any:
+            nonlocal launch, checked
+            if checked:
+                return launch(*args)
+            try:
+                result = launch(*args)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                _warn(f"AttnFuse evicts the cached kernel {kernel.path}: its first launch raised {e!r}")
+                self.evict(kernel)
+                launch = self.get(module, spec).launch
+                result = launch(*args)
+            checked = True
+            return result
+
+        return kernel, first_launch_checked
 
 
 KERNELS = KernelCache()

@@ -82,7 +82,31 @@ def run_reference_with_lse(
         func.verify()
     except VerifyException as e:
         raise AttnFuseError(f"invalid attn IR in @{func.sym_name.data}:\n{e}") from e
-    return _Executor(func, args, compute_dtype).run()
+    executor = _Executor(func, args, compute_dtype)
+    empty = _without_queries_or_keys(func, executor)
+    return executor.run() if empty is None else empty
+
+
+def _without_queries_or_keys(func: FuncOp, ex: _Executor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The result of a call with no queries (Nq = 0) or no keys (Nk = 0), which the row
+    reductions cannot take; None for other shapes. `out` is zeros [B, Hq, Nq, Dv], as for
+    a row with every score masked, and `lse` what the softmax formula gives an empty row:
+    -inf, or sink[h] with a sink. Both stay on the inputs' autograd graph (zero gradients)."""
+    ops = {type(op): op for op in func.walk() if isinstance(op, attn.QKOp | attn.SoftmaxOp | attn.PVOp)}
+    q = ops[attn.QKOp].q
+    while not isinstance(q, BlockArgument):
+        q = q.owner.operands[0]  # type: ignore[union-attr]
+    b, _, nq, _ = ex.values[q].shape  # type: ignore[attr-defined]
+    if nq and ex.nk:
+        return None
+    _, hq, _, dv = ops[attn.PVOp].output.type.get_shape()  # type: ignore[attr-defined]
+    floats = [x for x in ex.values.values() if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    zero = sum((x.flatten()[:0].sum() for x in floats), torch.zeros((), dtype=ex.dtype, device=ex.device))
+    out = torch.zeros((b, hq, nq, dv), dtype=ex.dtype, device=ex.device) + zero
+    sink = ops[attn.SoftmaxOp].sink
+    if sink is None:
+        return out, torch.full((b, hq, nq), float("-inf"), dtype=ex.dtype, device=ex.device) + zero
+    return out, ex.values[sink].view(1, hq, 1).expand(b, hq, nq) + zero  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- values

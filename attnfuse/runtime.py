@@ -4,10 +4,20 @@ dispatch to a backend through the kernel cache.
 Backends:
 
 - `triton`: the generated Triton kernel on CUDA tensors;
-- `interpret`: the same generated code under the Triton interpreter (on CPU);
+- `interpret`: the same generated code under the Triton interpreter (on CPU). bfloat16
+  calls run the float32 kernel (inputs cast up, the output back down): Triton 3.6's
+  interpreter multiplies bfloat16 bit patterns in `tl.dot`;
 - `reference`: the eager PyTorch executor of the attn IR (`attnfuse.reference`),
   computing in float32 and returning q's dtype;
 - `auto` (the default): `triton` for CUDA tensors, `reference` for CPU tensors.
+
+Only `reference` is differentiable so far: on `triton` and `interpret`, a call with
+gradients enabled on any input that requires grad raises `AttnFuseError` rather than
+return an output detached from autograd (under `torch.no_grad()` it runs).
+
+Degenerate shapes behave the same on every backend: no keys (Nk = 0) give zeros (lse
+-inf, or the sink's logit), no queries (Nq = 0) or B = 0 an empty output; zero heads
+or a zero head dim is an `AttnFuseError` naming the tensor.
 
 The backend comes from `with af.backend(name):` (per thread and task: a context
 variable), else from the `ATTNFUSE_BACKEND` environment variable, else `auto`.
@@ -114,6 +124,12 @@ def _check_qkv(q: object, k: object, v: object) -> None:
             raise AttnFuseError(f"{name} must be a torch.Tensor [B, H, N, D], got {type(t).__name__}")
         if t.dim() != 4:
             raise AttnFuseError(f"{name} must have rank 4 [B, H, N, D], got shape {list(t.shape)}")
+        if t.shape[1] == 0 or t.shape[3] == 0:
+            what = "no heads (dim 1" if t.shape[1] == 0 else "head dim 0 (dim 3"
+            raise AttnFuseError(
+                f"{name} has {what} of [B, H, N, D]), shape {list(t.shape)}; attention needs at least one "
+                f"head of at least one channel"
+            )
         if t.dtype not in dsl.QKV_DTYPES:
             raise AttnFuseError(f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
@@ -263,7 +279,10 @@ def _kernel_mode(backend_name: str, q: torch.Tensor) -> str:
     return backend_name
 
 
-def _load_kernel(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpret: bool) -> LoadedKernel:
+def _load_kernel(
+    trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpret: bool
+) -> tuple[LoadedKernel, Callable[..., Any]]:
+    """The kernel of `trace` for these tensors and its launch function (`KernelCache.launcher`)."""
     spec = KernelSpec(
         ir=trace.text,
         dtypes=(str(q.dtype), str(k.dtype), str(v.dtype)),
@@ -274,7 +293,7 @@ def _load_kernel(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         interpret=interpret,
     )
     try:
-        return KERNELS.get(trace.module, spec)
+        return KERNELS.launcher(trace.module, spec)
     except DiagnosticException as e:
         name = trace.module.ops.first.sym_name.data  # type: ignore[union-attr]
         raise AttnFuseError(
@@ -283,14 +302,62 @@ def _load_kernel(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         ) from e
 
 
+def _as_float32(x: object) -> object:
+    """A bfloat16 tensor as a float32 copy; anything else as it is."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
+        return x.float()
+    return x
+
+
+def _via_float32(launch: Callable[..., Any]) -> Callable[..., Any]:
+    """`launch` of a float32 kernel, called with the tensors of a bfloat16 call: they are
+    cast to float32, the output back to bfloat16 (lse stays float32)."""
+
+    def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = launch(*[_as_float32(t) for t in tensors])
+        return out.to(torch.bfloat16), lse
+
+    return run
+
+
+def _any_requires_grad(tensors: Sequence[object]) -> bool:
+    return any(t.requires_grad for t in tensors)  # type: ignore[attr-defined]
+
+
+def _refuse_grad(
+    variant: Variant, mode: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, full: Sequence[object]
+) -> None:
+    """Raise `AttnFuseError` if gradients are enabled and an input requires grad: the
+    `mode` backend has no backward yet, and must not return a detached output."""
+    if not torch.is_grad_enabled():
+        return
+    named = [("q", q), ("k", k), ("v", v), *zip(variant.arg_names[3:], full, strict=False)]
+    names = [n for n, x in named if isinstance(x, torch.Tensor) and x.requires_grad]
+    if names:
+        raise AttnFuseError(
+            f"{', '.join(names)} {'requires' if len(names) == 1 else 'require'} grad, but the {mode} backend has no "
+            f"backward yet: {variant.__name__} would return an output detached from autograd. Call it under "
+            f"torch.no_grad() or on detached tensors, or use af.backend('reference'), which is differentiable"
+        )
+
+
 class Kernel:
     """A compiled variant for one signature (`Variant.compile`): the generated Triton
-    `source`, its cache file `path`, its `launch_params`, and `__call__`."""
+    `source`, its cache file `path`, its `launch_params`, and `__call__`. For bfloat16
+    tensors on the interpreter it is the float32 kernel (see the module docstring)."""
 
-    def __init__(self, variant: Variant, trace: dsl.Trace, loaded: LoadedKernel, signature: tuple[Any, ...]):
+    def __init__(
+        self,
+        variant: Variant,
+        trace: dsl.Trace,
+        loaded: LoadedKernel,
+        launch: Callable[..., Any],
+        signature: tuple[Any, ...],
+    ):
         self.variant = variant
         self.trace = trace
         self._loaded = loaded
+        self._launch = launch
         self._signature = signature
 
     @property
@@ -309,7 +376,7 @@ class Kernel:
     def launch(self) -> Callable[..., Any]:
         """The generated `launch(q, k, v, *extra tensors) -> (out, lse)`, called as is:
         no validation (benchmarks use it to time the kernel alone)."""
-        return self._loaded.launch
+        return self._launch
 
     @property
     def interpreted(self) -> bool:
@@ -322,7 +389,10 @@ class Kernel:
     def run_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> Any:
         """(out [B, Hq, Nq, Dv] in q's dtype, natural-log lse float32 [B, Hq, Nq])."""
         tensors = self.variant._validate_for(q, k, v, extras, self._signature, self.trace)
-        return self._loaded.launch(q, k, v, *tensors)
+        if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
+            mode = "interpret" if self.interpreted else "triton"
+            _refuse_grad(self.variant, mode, q, k, v, self.variant._bind(extras))
+        return self._launch(q, k, v, *tensors)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> torch.Tensor:
         return self.run_with_lse(q, k, v, *extras)[0]
@@ -475,14 +545,44 @@ class Variant:
                 return run_reference(module, q, k, v, *tensors, compute_dtype=torch.float32).to(q.dtype)
 
         else:
-            launch = _load_kernel(trace, q, k, v, interpret=mode == "interpret").launch
+            _refuse_grad(self, mode, q, k, v, full)  # before compiling anything
+            launch = self._kernel(trace, q, k, v, full, interpret=mode == "interpret")[1]
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
-                return launch(q, k, v, *(extras if select is None else select(extras)))[0]
+                tensors = extras if select is None else select(extras)
+                if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
+                    _refuse_grad(self, mode, q, k, v, self._bind(extras))
+                return launch(q, k, v, *tensors)[0]
 
         entry = _Entry(run, _extras_check(trace, len(extras)))
         self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
         return entry
+
+    def _kernel(
+        self,
+        trace: dsl.Trace,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        full: Sequence[object],
+        interpret: bool,
+    ) -> tuple[LoadedKernel, Callable[..., Any]]:
+        """The kernel of `trace` for these arguments and its launch function; for bfloat16
+        on the interpreter, the float32 kernel, launched through `_via_float32`."""
+        if not (interpret and q.dtype == torch.bfloat16):
+            return _load_kernel(trace, q, k, v, interpret)
+
+        def meta(x: object) -> object:
+            if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
+                return torch.empty(x.shape, dtype=torch.float32, device="meta")
+            return x
+
+        fq, fk, fv = (meta(t) for t in (q, k, v))
+        assert isinstance(fq, torch.Tensor) and isinstance(fk, torch.Tensor) and isinstance(fv, torch.Tensor)
+        last, trace32 = self._last, self._trace(fq, fk, fv, [meta(x) for x in full])
+        self._last = last
+        loaded, launch = _load_kernel(trace32, fq, fk, fv, interpret)
+        return loaded, _via_float32(launch)
 
     @staticmethod
     def _selector(full: tuple[object, ...], n_given: int) -> Callable[[tuple[object, ...]], tuple[object, ...]] | None:
@@ -528,8 +628,8 @@ class Variant:
             interpret = q.device.type != "cuda"
         else:
             interpret = _kernel_mode(name, q) == "interpret"
-        loaded = _load_kernel(trace, q, k, v, interpret)
-        return Kernel(self, trace, loaded, self._signature(q, k, v, full))
+        loaded, launch = self._kernel(trace, q, k, v, full, interpret)
+        return Kernel(self, trace, loaded, launch, self._signature(q, k, v, full))
 
     def ir(self, *args: object) -> str:
         """The traced attn IR (canonical text): for example arguments `(q, k, v, ...)`

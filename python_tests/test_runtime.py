@@ -8,14 +8,18 @@ real compiler."""
 from __future__ import annotations
 
 import builtins
+import errno
 import json
+import multiprocessing
 import os
+import stat
 import subprocess
 import sys
-import textwrap
 import threading
+import warnings
 from pathlib import Path
 
+import cache_child
 import pytest
 import stub_compiler
 import torch
@@ -149,10 +153,17 @@ def test_disk_entry_is_complete_and_atomic(fresh_cache):
         kern = rope_causal.compile(q, k, v)
     path = Path(kern.path)
     assert path.parent == fresh_cache / "kernels" and path.suffix == ".py"
-    assert sorted(p.name for p in kernel_files(fresh_cache)) == sorted([path.name, path.stem + ".mlir"])
+    assert sorted(p.name for p in kernel_files(fresh_cache)) == sorted(
+        [path.stem + s for s in (".py", ".mlir", ".lock")]
+    )
     text = path.read_text()
     assert text.startswith(kern.source)
-    assert text.splitlines()[-1].startswith("# attnfuse-launch-params: ")
+    assert text.splitlines()[-2].startswith("# attnfuse-launch-params: ")
+    assert text.splitlines()[-1].startswith("# attnfuse-sha256: ")
+    assert text == cache.entry_text(path.stem, kern.source, kern.launch_params)
+    # private: folders 0700, files 0600
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (fresh_cache, path.parent)} == {0o700}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in kernel_files(fresh_cache)} == {0o600}
     assert kern.launch_params == {
         "attn_fwd": {"grid": [1, 1], "num_warps": 4, "num_stages": 1, "constexprs": {"SEQ_LEN": 128}}
     }
@@ -190,7 +201,10 @@ def test_memory_then_disk_then_compile(fresh_cache):
         py.write_text("this is not python\n")  # a damaged entry is recompiled and replaced
         runtime.clear_caches()
         before = compiles()
-        with cache.use_compiler(stub_compiler.reference_compile):
+        with (
+            cache.use_compiler(stub_compiler.reference_compile),
+            pytest.warns(RuntimeWarning, match="ignores the cached kernel .*no hash line"),
+        ):
             again = rope_causal(q, k, v)
         assert compiles() == before + 1 and "def launch" in py.read_text()
     torch.testing.assert_close(again, out)
@@ -236,85 +250,436 @@ def test_load_module_sets_triton_interpret_only_while_importing(tmp_path, monkey
     assert "TRITON_INTERPRET" not in os.environ
 
 
+# --------------------------------------------------------------------------- the disk as untrusted input
+
+
+def cached_entry(fresh_cache: Path) -> Path:
+    """Compile rope_causal's interpreted kernel for qkv() into the disk cache, forget it in
+    memory, and return its file."""
+    with af.backend("interpret"), cache.use_compiler(stub_compiler.reference_compile):
+        rope_causal(*qkv())
+    runtime.clear_caches()
+    (py,) = [p for p in kernel_files(fresh_cache) if p.suffix == ".py"]
+    return py
+
+
+def plant(py: Path, source: str) -> None:
+    """Replace the cache file `py` with `source`, carrying the right hash: a file that
+    passes the integrity check (as one this user's AttnFuse wrote)."""
+    py.write_text(cache.entry_text(py.stem, source, {}))
+    py.chmod(0o600)
+
+
+def call_recompiling(q, k, v, *, match: str):
+    """rope_causal on the interpret backend, expecting one RuntimeWarning matching `match`
+    and one compilation; returns the output."""
+    before = compiles()
+    with (
+        af.backend("interpret"),
+        cache.use_compiler(stub_compiler.reference_compile),
+        pytest.warns(RuntimeWarning, match=match),
+    ):
+        out = rope_causal(q, k, v)
+    assert compiles() == before + 1
+    return out
+
+
+def assert_rope_causal(out, q, k, v):
+    torch.testing.assert_close(
+        out.to(F64), run_reference(rope_causal.ir_module(q, k, v), q, k, v), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_a_file_without_the_right_hash_is_not_executed(fresh_cache, tmp_path):
+    py = cached_entry(fresh_cache)
+    good = py.read_text()
+    marker = tmp_path / "executed"
+    # A file planted under the kernel's name, and the right file with one constant changed.
+    planted = f"open({str(marker)!r}, 'w').close()\n\ndef launch(q, k, v):\n    return q, None\n"
+    changed = good.replace("compute_dtype=torch.float32", "compute_dtype=torch.float16", 1)
+    assert changed != good
+    for text, why in [
+        (planted + f"# attnfuse-launch-params: {{}}\n# attnfuse-sha256: {'0' * 64}\n", "does not match the hash"),
+        (planted, "no hash line"),
+        (changed, "does not match the hash"),
+    ]:
+        py.write_text(text)
+        q, k, v = qkv()
+        assert_rope_causal(call_recompiling(q, k, v, match=f"ignores the cached kernel .*{why}"), q, k, v)
+        assert not marker.exists()
+        assert py.read_text() == good  # replaced by a fresh compilation
+        runtime.clear_caches()
+
+
+def test_the_hash_binds_a_file_to_its_key(fresh_cache):
+    py = cached_entry(fresh_cache)
+    text = py.read_text()
+    other = py.with_name("f" * 64 + ".py")  # the same (valid) file under another kernel's name
+    other.write_text(text)
+    with pytest.raises(ValueError, match="does not match the hash"):
+        cache._split_source(text, other.stem)
+    assert cache._split_source(text, py.stem)[1] == json.loads(text.splitlines()[-2].split(": ", 1)[1])
+
+
+def test_a_cache_file_raising_system_exit_does_not_end_the_process(fresh_cache):
+    plant(cached_entry(fresh_cache), "raise SystemExit(3)\n")
+    q, k, v = qkv()
+    assert_rope_causal(call_recompiling(q, k, v, match=r"importing it raised SystemExit\(3\)"), q, k, v)
+
+
+def test_a_cache_file_failing_at_launch_is_evicted_and_recompiled(fresh_cache):
+    py = cached_entry(fresh_cache)
+    good = py.read_text()
+    plant(py, "def launch(*args):\n    raise RuntimeError('planted launch failure')\n")
+    q, k, v = qkv()
+    with af.backend("interpret"):
+        before = af.runtime.stats()
+        with (
+            cache.use_compiler(stub_compiler.reference_compile),
+            pytest.warns(RuntimeWarning, match="evicts the cached kernel .*planted launch failure"),
+        ):
+            out = rope_causal(q, k, v)
+        after = af.runtime.stats()
+        assert (after["disk_loads"], after["compiles"]) == (before["disk_loads"] + 1, before["compiles"] + 1)
+        assert_rope_causal(out, q, k, v)
+        assert py.read_text() == good
+        with cache.use_compiler(stub_compiler.failing_compile):
+            rope_causal(q, k, v)  # the fresh kernel stays
+            rope_causal(*qkv(b=2, seed=3))
+        # A kernel that fails again after its recompilation: the error propagates.
+        runtime.clear_caches()
+        plant(py, "def launch(*args):\n    raise RuntimeError('planted launch failure')\n")
+        with (
+            cache.use_compiler(stub_compiler.failing_compile),
+            pytest.warns(RuntimeWarning, match="evicts"),
+            pytest.raises(AssertionError, match="compiled a kernel it should have found"),
+        ):
+            rope_causal(q, k, v)
+
+
+def test_untrusted_cache_files_are_refused(fresh_cache):
+    py = cached_entry(fresh_cache)
+    good = py.read_text()
+    q, k, v = qkv()
+    py.chmod(0o620)
+    call_recompiling(q, k, v, match="ignores the cached kernel .*writable by its group or by others")
+    assert stat.S_IMODE(py.stat().st_mode) == 0o600 and py.read_text() == good
+    runtime.clear_caches()
+    target = py.with_name("elsewhere.py")
+    py.rename(target)
+    py.symlink_to(target)
+    call_recompiling(q, k, v, match="ignores the cached kernel .*not a regular file")
+    assert not py.is_symlink()
+    if os.geteuid() == 0:  # only root can give a file away
+        runtime.clear_caches()
+        os.chown(py, 65534, 65534)
+        call_recompiling(q, k, v, match="ignores the cached kernel .*owned by user id 65534")
+        assert py.stat().st_uid == 0
+
+
+@pytest.mark.parametrize("problem", ["group-writable", "world-writable", "not owned"])
+def test_untrusted_cache_folders_are_refused(fresh_cache, problem):
+    py = cached_entry(fresh_cache)
+    folder = py.parent if problem == "group-writable" else fresh_cache
+    if problem == "not owned":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a folder away")
+        os.chown(folder, 65534, 65534)
+        match = "owned by user id 65534"
+    else:
+        folder.chmod(0o770 if problem == "group-writable" else 0o703)
+        match = "writable by its group or by others"
+    with af.backend("interpret"), cache.use_compiler(stub_compiler.reference_compile):
+        with pytest.warns(RuntimeWarning, match=f"cannot use the kernel cache folder .*{match}.*ATTNFUSE_CACHE_DIR"):
+            kern = rope_causal.compile(*qkv())
+        assert fresh_cache not in Path(kern.path).parents  # not even read from there
+        assert_rope_causal(kern(*qkv()), *qkv())
+
+
+# --------------------------------------------------------------------------- an unusable cache folder
+
+
+def fallback_calls() -> tuple[list[str], list[Path]]:
+    """Two kernels (two sequence buckets) on the interpret backend, warnings recorded:
+    (the warnings, the kernels' files)."""
+    with warnings.catch_warnings(record=True) as seen, cache.use_compiler(stub_compiler.reference_compile):
+        warnings.simplefilter("always")
+        paths = []
+        with af.backend("interpret"):
+            for nk in (20, 200):
+                q, k, v = qkv(nk=nk)
+                assert_rope_causal(rope_causal(q, k, v), q, k, v)
+                paths.append(Path(rope_causal.compile(q, k, v).path))
+    return [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)], paths
+
+
+def assert_fell_back(messages: list[str], paths: list[Path], configured: Path, why: str) -> None:
+    (message,) = messages
+    assert f"cannot use the kernel cache folder {configured}" in message and why in message
+    assert "ATTNFUSE_CACHE_DIR" in message
+    for path in paths:
+        assert path.exists() and configured not in path.parents
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_a_cache_folder_that_cannot_be_created_falls_back(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(blocker / "cache"))
+    assert_fell_back(*fallback_calls(), blocker / "cache", "cannot be created")
+
+
+def test_an_unwritable_home_falls_back(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-home"
+    blocker.write_text("")
+    monkeypatch.delenv("ATTNFUSE_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(blocker))
+    assert_fell_back(*fallback_calls(), blocker / ".cache" / "attnfuse", "cannot be created")
+
+
+def test_a_full_disk_falls_back(fresh_cache, monkeypatch):
+    write = cache._write_atomic
+
+    def full_disk(path, text):
+        if fresh_cache in path.parents:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, text)
+
+    monkeypatch.setattr(cache, "_write_atomic", full_disk)
+    assert_fell_back(*fallback_calls(), fresh_cache, "No space left on device")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
+def test_a_read_only_cache_folder_falls_back(fresh_cache):
+    fresh_cache.mkdir(mode=0o500)
+    try:
+        assert_fell_back(*fallback_calls(), fresh_cache, "")
+    finally:
+        fresh_cache.chmod(0o700)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+@af.variant
+def causal(q, k, v):
+    return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
+
+def concurrent_first_calls(n_threads: int = 4, calls: int = 3) -> list[str]:
+    """Threads making their first interpret calls at once (real kernels: two variants), then
+    more calls; the failures, described. The main thread calls again afterwards."""
+    variants = [causal, rope_causal]
+    inputs = [qkv(hq=2, hkv=2, nq=16, nk=16, d=16, dv=16, seed=i) for i in range(n_threads)]
+    expected = [run_reference(variants[i % 2].ir_module(*x), *x) for i, x in enumerate(inputs)]
+    start, failures = threading.Barrier(n_threads), []
+
+    def work(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            with af.backend("interpret"):
+                for _ in range(calls):
+                    out = variants[i % 2](*inputs[i])
+                    torch.testing.assert_close(out.to(F64), expected[i], atol=2e-4, rtol=2e-4)
+        except Exception as e:
+            failures.append(f"thread {i}: {e!r}"[:300])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    with af.backend("interpret"):
+        for i in range(2):
+            torch.testing.assert_close(variants[i](*inputs[i]).to(F64), expected[i], atol=2e-4, rtol=2e-4)
+    return failures
+
+
+def test_threads_making_their_first_interpret_calls_at_once():
+    assert concurrent_first_calls() == []
+    assert compiles() >= 2
+
+
+def test_threads_with_triton_interpret_set_at_start(fresh_cache):
+    """A process started with TRITON_INTERPRET=1 has no library functions to swap; its
+    interpreted launches are serialised all the same."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
+        "import test_runtime\n"
+        "print('failures:', test_runtime.concurrent_first_calls())\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNFUSE_CACHE_DIR": str(fresh_cache)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "failures: []"
+
+
 # --------------------------------------------------------------------------- other processes
 
-CHILD = textwrap.dedent(
-    """
-    import functools, json, os, sys, time
-    sys.path.insert(0, {tests!r})
-    import torch
-    import attnfuse as af
-    from attnfuse import cache
-    import stub_compiler
-    from attnfuse.reference import run_reference
 
-    @af.variant
-    def rope_causal(q, k, v):
-        q = af.rope(q, theta=10000.0)
-        k = af.rope(k, theta=10000.0)
-        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
-
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 4, 12, 16, generator=g)
-    k, v = torch.randn(1, 2, 20, 16, generator=g), torch.randn(1, 2, 20, 16, generator=g)
-    mode, barrier, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    compile_fn = {{"reference": functools.partial(stub_compiler.reference_compile, delay=0.5),
-                  "failing": stub_compiler.failing_compile}}[mode]
-    rope_causal.ir(q, k, v), cache.triton_version(), cache.version_fingerprint()  # the slow parts, before
-    open(os.path.join(barrier, str(os.getpid())), "w").close()  # start together: wait for the others
-    deadline = time.time() + 120
-    while len(os.listdir(barrier)) < count and time.time() < deadline:
-        time.sleep(0.01)
-    with af.backend("interpret"), cache.use_compiler(compile_fn):
-        out = rope_causal(q, k, v)
-    err = (out.double() - run_reference(rope_causal.ir_module(), q, k, v)).abs().max().item()
-    print(json.dumps({{"stats": af.runtime.stats(), "err": err}}))
-    """
-).format(tests=str(HERE))
-
-
-def run_children(modes: list[str], cache_dir: Path, barrier: Path) -> list[dict]:
-    """Run CHILD once per mode, all at once; they start their calls together."""
-    env = {**os.environ, "ATTNFUSE_CACHE_DIR": str(cache_dir)}
-    barrier.mkdir()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, mode, str(barrier), str(len(modes))],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for mode in modes
-    ]
-    results = []
+def run_children(modes: list[str], cache_dir: Path) -> list[tuple[int, dict, float]]:
+    """Run `cache_child.call` in one spawned process per mode, all starting their call at
+    once; their (pid, stats, error) results."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(modes)), ctx.Queue()
+    procs = [ctx.Process(target=cache_child.call, args=(m, str(cache_dir), barrier, results)) for m in modes]
     for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+        p.start()
+    try:
+        out = [results.get(timeout=300) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    return out
 
 
-def test_a_new_process_reuses_the_disk_entry(fresh_cache, tmp_path):
+def test_a_new_process_reuses_the_disk_entry(fresh_cache):
     q, k, v = qkv()
     with af.backend("interpret"), cache.use_compiler(stub_compiler.reference_compile):
         rope_causal(q, k, v)
-    (child,) = run_children(["failing"], fresh_cache, tmp_path / "barrier")  # compiling would raise there
-    assert child["stats"]["compiles"] == 0 and child["stats"]["disk_loads"] == 1
-    assert child["err"] < 1e-5
+    ((_, stats, err),) = run_children(["failing"], fresh_cache)  # compiling would raise there
+    assert stats["compiles"] == 0 and stats["disk_loads"] == 1
+    assert err < 1e-5
 
 
-def test_two_processes_compiling_the_same_kernel(fresh_cache, tmp_path):
-    results = run_children(["reference", "reference"], fresh_cache, tmp_path / "barrier")
-    assert all(r["err"] < 1e-5 for r in results)
-    assert [r["stats"]["compiles"] for r in results] == [1, 1]  # both compiled at once (the barrier)
+def test_processes_starting_cold_compile_once(fresh_cache):
+    """Three processes make the same first call at once: one compiles (the entry's file
+    lock), the others wait and load its file."""
+    results = run_children(["reference"] * 3, fresh_cache)
+    assert all(err < 1e-5 for _, _, err in results)
+    assert sorted(stats["compiles"] for _, stats, _ in results) == [0, 0, 1]
+    assert sorted(stats["disk_loads"] for _, stats, _ in results) == [0, 1, 1]
     files = kernel_files(fresh_cache)
-    assert [p.suffix for p in files] == [".mlir", ".py"]  # one entry, no temporary files left
-    module = cache.load_module(files[1], interpret=True, name="t_shared_entry")
+    assert [p.suffix for p in files] == [".lock", ".mlir", ".py"]  # one entry, no temporary files left
+    module = cache.load_module(files[2], interpret=True, name="t_shared_entry")
     q, k, v = qkv()
     out, _ = module.launch(q, k, v)
-    oracle = run_reference(rope_causal.ir_module(q, k, v), q, k, v)
-    torch.testing.assert_close(out.to(F64), oracle, atol=1e-5, rtol=1e-5)
+    assert_rope_causal(out, q, k, v)
+
+
+# --------------------------------------------------------------------------- gradients, bf16, degenerate shapes
+
+
+def test_kernel_backends_refuse_inputs_that_require_grad():
+    @af.variant
+    def sinks(q, k, v, sink):
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal), sink=sink), v)
+
+    q, k, v = qkv()
+    sink = rand(4, seed=5)
+
+    def grad(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().clone().requires_grad_()
+
+    with af.backend("interpret"), cache.use_compiler(stub_compiler.trivial_compile):
+        assert sinks(q, k, v, sink) is q  # compiled (the trivial launch returns q)
+        for args, names in [
+            ((grad(q), k, v, sink), "q requires"),
+            ((q, grad(k), grad(v), sink), "k, v require"),
+            ((q, k, v, grad(sink)), "sink requires"),
+        ]:
+            with pytest.raises(af.AttnFuseError, match=f"^{names} grad, but the interpret backend has no backward"):
+                sinks(*args)  # the hot path
+            with pytest.raises(af.AttnFuseError, match=f"^{names} grad"):
+                sinks.compile(*args)(*args)
+            with torch.no_grad():
+                assert sinks(*args) is args[0]
+        before = compiles()
+        with pytest.raises(af.AttnFuseError, match="^q requires grad"):
+            rope_causal(grad(q), k, v)  # the slow path refuses before compiling
+        assert compiles() == before
+    # reference stays differentiable
+    q, k, v = (t.detach().requires_grad_() for t in qkv())
+    with af.backend("reference"):
+        out = rope_causal(q, k, v)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+def test_interpret_runs_bf16_through_the_float32_kernel():
+    @af.variant
+    def normed(q, k, v, w):
+        q = af.rope(af.qk_norm(q, w), theta=10000.0)
+        k = af.rope(af.qk_norm(k, w), theta=10000.0)
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
+    q, k, v = qkv(b=2, hq=4, hkv=2, nq=19, nk=45, d=32, dv=32, dtype=torch.bfloat16)
+    w = (rand(32, seed=7).abs() + 0.5).to(torch.bfloat16)
+    oracle = run_reference(normed.ir_module(q, k, v, w), q, k, v, w)
+    with af.backend("interpret"):
+        out = normed(q, k, v, w)
+        kern = normed.compile(q, k, v, w)
+    assert out.dtype == torch.bfloat16 and out.shape == oracle.shape
+    torch.testing.assert_close(out.to(F64), oracle, atol=2e-2, rtol=2e-2)
+    assert "bf16" in normed.ir(q, k, v, w) and "bfloat16" not in kern.source
+    out2, lse = kern.run_with_lse(q, k, v, w)
+    assert out2.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    torch.testing.assert_close(out2, out)
+    torch.testing.assert_close(kern.launch(q, k, v, w)[0], out)
+
+
+def degenerate(backend: str, b=1, hq=4, hkv=2, nq=5, nk=7, d=16, dv=16, sink=False):
+    """(out, lse, q, k, v, extras) of a causal variant (with a sink if asked) on `backend`:
+    `reference` through the runtime and run_reference_with_lse, `interpret` through the
+    runtime and a compiled Kernel."""
+
+    @af.variant
+    def with_sink(q, k, v, s):
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal), sink=s), v)
+
+    variant = with_sink if sink else causal
+    q, k, v = qkv(b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dv=dv)
+    extras = (rand(hq, seed=9),) if sink else ()
+    with af.backend(backend):
+        out = variant(q, k, v, *extras)
+        if backend == "interpret":
+            out2, lse = variant.compile(q, k, v, *extras).run_with_lse(q, k, v, *extras)
+        else:
+            out2, lse = run_reference_with_lse(variant.ir_module(q, k, v, *extras), q, k, v, *extras)
+    torch.testing.assert_close(out2.to(out.dtype), out)
+    return out, lse, extras
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_no_keys_give_zeros(backend):
+    out, lse, _ = degenerate(backend, nk=0)
+    assert out.shape == (1, 4, 5, 16) and not out.any()
+    assert lse.shape == (1, 4, 5) and torch.isneginf(lse).all()
+    out, lse, (sink,) = degenerate(backend, nk=0, sink=True)
+    assert not out.any()
+    torch.testing.assert_close(lse.float(), sink.view(1, 4, 1).expand(1, 4, 5))  # the sink's own term
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+@pytest.mark.parametrize("shape", [dict(nq=0), dict(nq=0, nk=0), dict(b=0)], ids=["Nq=0", "Nq=Nk=0", "B=0"])
+def test_no_queries_or_batch_give_an_empty_output(backend, shape):
+    out, lse, _ = degenerate(backend, **shape)
+    assert out.numel() == 0 and lse.numel() == 0
+    assert out.shape == (shape.get("b", 1), 4, shape.get("nq", 5), 16)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+@pytest.mark.parametrize(
+    "shape,message",
+    [
+        (dict(hq=0), r"q has no heads \(dim 1"),
+        (dict(hkv=0), r"k has no heads \(dim 1"),
+        (dict(d=0), r"q has head dim 0 \(dim 3"),
+        (dict(dv=0), r"v has head dim 0 \(dim 3"),
+    ],
+)
+def test_no_heads_or_channels_are_an_error(backend, shape, message):
+    with pytest.raises(af.AttnFuseError, match=message):
+        degenerate(backend, **shape)
+
+
+def test_reference_without_keys_stays_differentiable():
+    q, k, v = (t.requires_grad_() for t in qkv(nk=0))
+    with af.backend("reference"):
+        causal(q, k, v).sum().backward()
+    assert not q.grad.any() and q.grad.shape == q.shape and v.grad.shape == v.shape
 
 
 # --------------------------------------------------------------------------- generated kernels, interpreted
