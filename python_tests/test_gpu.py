@@ -6,6 +6,9 @@ executor in float64 on the CPU (same inputs), in bf16 and fp16.
 - Each variant family at a small shape: causal, sliding window, prefix-LM, softcap,
   ALiBi, sinks, document mask, QK-norm+RoPE and partial interleaved RoPE (both modes),
   Nq != Nk.
+- The runtime on the `triton` backend: inputs requiring grad are refused, degenerate
+  shapes (no keys, no queries, B = 0), first calls from several threads at once, and a
+  kernel read back from the disk cache.
 
 (The named variants of `attnfuse.variants` have their GPU test in test_variants.py.)
 All tests are marked `gpu` and skipped without CUDA. On the GPU machine:
@@ -16,6 +19,7 @@ All tests are marked `gpu` and skipped without CUDA. On the GPU machine:
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,8 @@ import torch
 from kernel_harness import variant
 
 import attnfuse
+import attnfuse as af
+from attnfuse import runtime
 from attnfuse.cache import load_source
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
@@ -211,6 +217,113 @@ def test_repeated_launches(folder: Path) -> None:
     finally:
         triton.knobs.runtime.launch_enter_hook.remove(seen.append)
     assert len(seen) == 2, "a launch hook must see both launches (rotate_k and attn_fwd)"
+
+
+# ----------------------------------------------------------------------------- the runtime on the triton backend
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty kernel cache folder; nothing of earlier tests in memory."""
+    monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    runtime.clear_caches()
+    yield tmp_path / "cache"
+    runtime.clear_caches()
+
+
+@af.variant
+def rope_causal(q, k, v):
+    q = af.rope(q, theta=10000.0)
+    k = af.rope(k, theta=10000.0)
+    return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
+
+@af.variant
+def causal_sink(q, k, v, sink):
+    return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal), sink=sink), v)
+
+
+def cuda_qkv(b: int = B, nq: int = 200, nk: int = 200, dtype: torch.dtype = torch.float16, seed: int = 0):
+    shapes = [(b, HQ, nq, D), (b, HKV, nk, D), (b, HKV, nk, D)]
+    return [randn(*s, dtype=dtype, seed=seed + i).cuda() for i, s in enumerate(shapes)]
+
+
+def test_triton_backend_refuses_inputs_that_require_grad(fresh_cache: Path) -> None:
+    q, k, v = cuda_qkv()
+    sink = torch.tensor([0.0, 1.5, -2.0, 4.0], device="cuda")
+    with af.backend("triton"):
+        out = causal_sink(q, k, v, sink)  # compiles
+        for args, names in [
+            ((q.detach().clone().requires_grad_(), k, v, sink), "q requires"),
+            ((q, k, v, sink.detach().clone().requires_grad_()), "sink requires"),
+        ]:
+            with pytest.raises(af.AttnFuseError, match=f"^{names} grad, but the triton backend has no backward"):
+                causal_sink(*args)
+            with torch.no_grad():
+                torch.testing.assert_close(causal_sink(*args), out)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_degenerate_shapes_on_the_gpu(dtype_name: str, fresh_cache: Path) -> None:
+    """No keys: zeros, lse -inf or the sink's logit; no queries or B = 0: an empty output."""
+    dtype = DTYPES[dtype_name]
+    sink = torch.tensor([0.0, 1.5, -2.0, 4.0], device="cuda")
+    with af.backend("triton"):
+        q, k, v = cuda_qkv(nk=0, dtype=dtype)
+        out, lse = causal_sink.compile(q, k, v, sink).run_with_lse(q, k, v, sink)
+        assert out.shape == (B, HQ, 200, D) and not out.any()
+        torch.testing.assert_close(lse, sink.view(1, HQ, 1).expand(B, HQ, 200))
+        out = rope_causal(q, k, v)
+        assert out.shape == (B, HQ, 200, D) and not out.any()
+        _, lse = rope_causal.compile(q, k, v).run_with_lse(q, k, v)
+        assert torch.isneginf(lse).all()
+        for shape in (dict(nq=0), dict(nq=0, nk=0), dict(b=0)):
+            q, k, v = cuda_qkv(dtype=dtype, **shape)
+            out = rope_causal(q, k, v)
+            assert out.numel() == 0 and out.shape == (shape.get("b", B), HQ, shape.get("nq", 200), D)
+        torch.cuda.synchronize()
+
+
+def test_threads_making_their_first_triton_calls_at_once(fresh_cache: Path) -> None:
+    n_threads = 4
+    inputs = [cuda_qkv(nq=100 + 50 * i, nk=300, seed=10 * i) for i in range(n_threads)]
+    ir = rope_causal.ir(*inputs[0])
+    start, failures = threading.Barrier(n_threads), []
+
+    def work(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            with af.backend("triton"):
+                for _ in range(3):
+                    out = rope_causal(*inputs[i])
+                    torch.cuda.synchronize()
+                    ref, _ = run_reference_with_lse(ir, *(t.cpu() for t in inputs[i]))
+                    assert_matches(out, ref, torch.float16, f"thread {i}")
+        except Exception as e:
+            failures.append(f"thread {i}: {e!r}"[:500])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert failures == []
+    assert af.runtime.stats()["compiles"] >= 1
+
+
+def test_a_kernel_read_back_from_the_disk_cache(fresh_cache: Path) -> None:
+    q, k, v = cuda_qkv()
+    ir = rope_causal.ir(q, k, v)
+    ref, _ = run_reference_with_lse(ir, q.cpu(), k.cpu(), v.cpu())
+    with af.backend("triton"):
+        rope_causal(q, k, v)
+        runtime.clear_caches()  # as a new process: the kernel file is on disk
+        loads = af.runtime.stats()["disk_loads"]
+        for _ in range(2):
+            out = rope_causal(q, k, v)
+            torch.cuda.synchronize()
+            assert_matches(out, ref, torch.float16, "disk entry")
+        assert af.runtime.stats()["disk_loads"] == loads + 1
 
 
 if __name__ == "__main__":
