@@ -192,8 +192,9 @@ class LoadedKernel:
 
 
 def seq_bucket(nq: int, nk: int) -> int:
-    """The sequence-length bucket: the next power of two of max(Nq, Nk), at least 128."""
-    n = max(nq, nk)
+    """The sequence-length bucket: the next power of two of max(Nq, Nk), at least 128.
+    (The runtime's hot path computes it on every call.)"""
+    n = nq if nq > nk else nk
     return 128 if n <= 128 else 1 << (n - 1).bit_length()
 
 
@@ -339,28 +340,30 @@ def entry_text(key: str, source: str, launch_params: dict[str, Any]) -> str:
 
 def _split_source(text: str, key: str) -> tuple[str, dict[str, Any]]:
     """The generated source and launch parameters of the cache file of kernel `key`;
-    ValueError when the file does not carry the hash of its content."""
+    ValueError (a verb phrase: "has no hash line") when the file does not carry the hash
+    of its content."""
     body, _, last = text.rstrip("\n").rpartition("\n")
     if not last.startswith(_HASH_MARK):
-        raise ValueError("it has no hash line")
+        raise ValueError("has no hash line")
     if last[len(_HASH_MARK) :] != _digest(key, body + "\n"):
-        raise ValueError("its content does not match the hash written with it")
+        raise ValueError("does not match the hash written with it (changed or written for another key)")
     source, _, params = body.rpartition("\n")
     if not params.startswith(_PARAMS_MARK):
-        raise ValueError("it has no launch-parameters line")
+        raise ValueError("has no launch-parameters line")
     return source + "\n", json.loads(params[len(_PARAMS_MARK) :])
 
 
 # --------------------------------------------------------------------------- the folder
 
 
-def _untrusted(path: Path, st: os.stat_result) -> str | None:
-    """Why `path` (stat `st`) may hold files others wrote, or None: it must be owned by
-    this user and writable by nobody else."""
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a file or folder of status `st` may hold what others wrote ("is owned by ...",
+    "is writable by ..."), or None: it must be owned by this user and writable by nobody
+    else."""
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"it is owned by user id {st.st_uid}, not by this user ({os.geteuid()})"
+        return f"is owned by user id {st.st_uid}, not by this user ({os.geteuid()})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"it is writable by its group or by others (mode {stat.filemode(st.st_mode)})"
+        return f"is writable by its group or by others (mode {stat.filemode(st.st_mode)})"
     return None
 
 
@@ -370,13 +373,13 @@ def _unusable(folder: Path) -> str | None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = folder.stat()
     except OSError as e:
-        return f"it cannot be created ({e})"
+        return f"cannot be created ({e})"
     if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
-    if reason := _untrusted(folder, st):
+        return "is not a folder"
+    if reason := _untrusted(st):
         return reason
     if not os.access(folder, os.W_OK | os.X_OK):
-        return "it is not writable"
+        return "is not writable"
     return None
 
 
@@ -413,7 +416,7 @@ def kernel_folder() -> Path:
     configured = cache_dir()
     for folder in (configured, configured / "kernels"):
         if reason := _unusable(folder):
-            return _fall_back(configured, f"{folder} {reason}" if folder != configured else reason)
+            return _fall_back(configured, f"{folder} {reason}")
     return configured / "kernels"
 
 
@@ -493,7 +496,7 @@ class KernelCache:
         try:
             _write_atomic(folder / f"{key}.py", text)
         except OSError as e:
-            folder = _fall_back(cache_dir(), f"writing {folder / f'{key}.py'} failed ({e})")
+            folder = _fall_back(cache_dir(), f"{folder / f'{key}.py'} cannot be written ({e})")
             _write_atomic(folder / f"{key}.py", text)
         with contextlib.suppress(OSError):
             _write_atomic(folder / f"{key}.mlir", spec.ir)
@@ -510,21 +513,23 @@ class KernelCache:
             st = os.lstat(path)
         except OSError:
             return None
-        reason = "it is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(path, st)
+        reason = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(st)
         if reason is None:
             try:
                 source, params = _split_source(path.read_text(encoding="utf-8"), key)
-            except (OSError, ValueError) as e:
-                reason = f"it cannot be read or was changed after it was written: {e}"
+            except (OSError, UnicodeDecodeError) as e:
+                reason = f"cannot be read ({e})"
+            except ValueError as e:
+                reason = str(e)
+        if reason is None:
+            try:
+                module = load_module(path, interpret=interpret)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # a cache file must not end the process (SystemExit)
+                reason = f"raised {e!r} when imported"
         if reason is not None:
-            _warn(f"AttnFuse ignores the cached kernel {path}: {reason}; it is compiled again")
-            return None
-        try:
-            module = load_module(path, interpret=interpret)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # a cache file must not end the process (SystemExit)
-            _warn(f"AttnFuse ignores the cached kernel {path}: importing it raised {e!r}; it is compiled again")
+            _warn(f"AttnFuse ignores the cached kernel {path}: it {reason}; the kernel is compiled again")
             return None
         return LoadedKernel(key, path, source, params, module, interpret, from_disk=True)
 
