@@ -1,4 +1,9 @@
-"""AttnFuse's passes (installed as `attnfuse.passes`), one per file named after the pass."""
+"""AttnFuse's passes (installed as `attnfuse.passes`), one per file named after the pass.
+
+The other modules serve them: `analysis` (the structure of a variant, shared by the
+passes), and convert-attn-to-tl's parts: `tl_builder` (building tl IR),
+`qk_transforms_to_tl`, `region_to_tl` and `kv_segments`.
+"""
 
 from collections.abc import Callable
 

@@ -16,8 +16,9 @@ When K's placement is `prerotate`, a second kernel, `rotate_k`, writes K's trans
 copy once, before `attn_fwd` runs. The launcher allocates the outputs, builds the RoPE
 cos/sin tables and launches the kernels.
 
-The tl ops are built with `tl_builder`, Q's and K's transforms (RoPE, QK-norm, scale) by
-`qk_transforms_to_tl`, custom mask/bias/score_mod regions by `region_to_tl`.
+The tl ops are built with `tl_builder`; Q's and K's transforms (RoPE, QK-norm, scale) by
+`qk_transforms_to_tl`, custom mask/bias/score_mod regions by `region_to_tl`, and the KV
+loop's segments by `kv_segments`.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, TensorType, f32, i32
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, TensorType, f32, i32
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import attn, tl
-from attnfuse.dialects.attn import LOG2E, KvBoundAttr, Placement, PlacementAttr
+from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
+from attnfuse.passes.kv_segments import kv_bounds, kv_segments
 from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
@@ -246,53 +248,6 @@ class Lowering:
             return kb.cmp("==", ctx.doc_q[op.extras[0]], doc_k, hint="same_doc")
         return self.region(kb, p, op, ctx, None)
 
-    # ------------------------------------------------------------------ KV segments
-    def segments(
-        self, kb: KernelBuilder, q_lo: SSAValue, q_hi: SSAValue, nk: SSAValue
-    ) -> list[tuple[SSAValue, SSAValue, bool]]:
-        """[(lo, hi, masked)] KV ranges for the Q block of positions [q_lo, q_hi], in order.
-
-        Each KV bound gives the keys some query of the block may keep, [v_lo, v_hi), and
-        the keys every query keeps, [f_lo, f_hi); the ranges of a conjunction intersect."""
-        bn = self.block_n
-        vlo: SSAValue | int = 0
-        vhi: SSAValue = nk
-        flo: SSAValue | int = 0
-        fhi: SSAValue = nk
-        opaque = False
-        for bound in self.kv_bounds:
-            kind = bound.mask_kind
-            if kind is None:
-                opaque = True
-                continue
-            n = bound.param_value
-            if kind.name == "causal":
-                v_hi, f_hi = kb.add(q_hi, 1), kb.add(q_lo, 1)
-                v_lo = f_lo = 0
-            elif kind.name == "sliding_window":
-                v_lo, v_hi = kb.sub(q_lo, n - 1), kb.add(q_hi, 1)
-                f_lo, f_hi = kb.sub(q_hi, n - 1), kb.add(q_lo, 1)
-            elif kind.name == "prefix_lm":
-                v_lo = f_lo = 0
-                v_hi, f_hi = kb.maximum(kb.add(q_hi, 1), n), kb.maximum(kb.add(q_lo, 1), n)
-            else:
-                raise DiagnosticException(f"the Triton lowering has no KV bound for mask kind '{kind.name}'")
-            vlo = vlo if v_lo == 0 else kb.maximum(vlo, v_lo)
-            flo = flo if f_lo == 0 else kb.maximum(flo, f_lo)
-            vhi, fhi = kb.minimum(vhi, v_hi), kb.minimum(fhi, f_hi)
-        lo = kb.mul(kb.floordiv(vlo, bn), bn, hint="kv_lo") if not isinstance(vlo, int) else kb.value(0)
-        hi = vhi if vhi is nk else kb.maximum(vhi, 0, hint="kv_hi")
-        if opaque:
-            return [(lo, hi, True)]
-        # Full blocks: [flo, fhi) rounded inwards to whole blocks, kept inside [lo, hi).
-        if isinstance(flo, int):
-            f_start = kb.minimum(lo, hi, hint="full_lo") if isinstance(vlo, SSAValue) else lo
-        else:
-            f_start = kb.minimum(kb.maximum(kb.mul(kb.cdiv(flo, bn), bn), lo), hi, hint="full_lo")
-        f_end = kb.mul(kb.floordiv(kb.maximum(fhi, 0), bn), bn)
-        f_end = kb.maximum(kb.minimum(f_end, hi), f_start, hint="full_hi")
-        return [(lo, f_start, True), (f_start, f_end, False), (f_end, hi, True)]
-
     # ------------------------------------------------------------------ the attention kernel
     def main_kernel(self) -> KernelCall:
         """`attn_fwd`: the prologue, a loop of KV steps per segment, the epilogue."""
@@ -306,7 +261,7 @@ class Lowering:
         }
         q_lo = kb.add(kb.mul(qb.pid_m, qb.block_m), qb.shift, hint="q_lo")
         q_hi = kb.minimum(kb.add(q_lo, self.block_m - 1), kb.sub(qb.nk, 1), hint="q_hi")
-        for lo, hi, masked in self.segments(kb, q_lo, q_hi, qb.nk):
+        for lo, hi, masked in kv_segments(kb, self.kv_bounds, q_lo, q_hi, qb.nk, self.block_n):
             if lo is not hi:  # a segment from a bound to itself is statically empty
 
                 def step(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue], masked=masked):
@@ -572,19 +527,6 @@ class Lowering:
             ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.names, ops)
-
-
-def kv_bounds(chains: AttentionChains) -> list[KvBoundAttr]:
-    """causal-split's `attn.kv_blocks`; without it every mask is opaque."""
-    kv_blocks = chains.func.attributes.get("attn.kv_blocks")
-    if kv_blocks is None:
-        return [KvBoundAttr(KvBoundAttr.OPAQUE)] * len(chains.masks)
-    if not isinstance(kv_blocks, ArrayAttr) or not all(isinstance(b, KvBoundAttr) for b in kv_blocks.data):
-        raise DiagnosticException(
-            f"func @{chains.func.sym_name.data} attribute attn.kv_blocks must be a list of #attn.kv_bound<...>, "
-            f"got {kv_blocks}"
-        )
-    return [b for b in kv_blocks.data if isinstance(b, KvBoundAttr)]
 
 
 def _erase_dead(block: Block) -> None:

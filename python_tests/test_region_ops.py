@@ -1,7 +1,9 @@
-"""The ops a mask, bias or score_mod region may hold: the dialect's allow-list
+"""Lists the dialect, the reference executor and the Triton lowering must agree on.
+
+The ops a mask, bias or score_mod region may hold: the dialect's allow-list
 (`attn.REGION_OPS`, checked by the verifier) is exactly what the reference executor runs
-and what the Triton lowering translates, and the ops new to the reference agree with
-plain formulas."""
+and what the lowering translates; the ops new to the reference agree with plain
+formulas. And every KV-bounded mask kind has its KV range in the lowering."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from attnfuse.dialects import attn
+from attnfuse.passes.kv_segments import KV_RANGES
 from attnfuse.passes.region_to_tl import REGION_LOWERINGS
 from attnfuse.reference import REGION_OP_NAMES, run_reference
 
@@ -83,3 +86,8 @@ def test_uitofp_reads_the_bits_unsigned():
     unsigned = torch.where(d < 0, d + 2.0**32, d)
     expected = torch.softmax(unsigned * 1e-9, dim=-1) @ v
     torch.testing.assert_close(out, expected)
+
+
+def test_the_lowering_bounds_every_kv_bounded_mask_kind():
+    """causal-split may classify a mask by any kv_bounded kind; the lowering has its KV range."""
+    assert set(KV_RANGES) == {k.name for k in attn.MASK_KINDS.values() if k.kv_bounded}
