@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import arith, math
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, f32, i1, i32
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, f32, i1, i32
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -148,6 +148,16 @@ def _signed_to(element: Attribute) -> RegionLowering:
     return lower
 
 
+def _uitofp(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
+    """The operand's unsigned value: a negative one is 2^width more than its signed value."""
+    x = kb.cast(o[0], f32)
+    if _is_bool(o[0]):
+        return x
+    t = op.operands[0].type
+    width = t.width.data if isinstance(t, IntegerType) else 64
+    return kb.add(x, kb.where(kb.cmp("<", o[0], 0), float(2**width), 0.0))
+
+
 def _to_i32(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
     """fptosi, trunci, index_cast: an i1 stays a boolean."""
     return o[0] if _is_bool(o[0]) else kb.cast(o[0], i32)
@@ -219,7 +229,7 @@ REGION_LOWERINGS: dict[type[Operation], RegionLowering] = {
     arith.SelectOp: lambda kb, op, o, env: kb.where(o[0], o[1], o[2]),
     # casts
     arith.SIToFPOp: _signed_to(f32),
-    arith.UIToFPOp: _cast(f32),
+    arith.UIToFPOp: _uitofp,
     arith.FPToSIOp: _to_i32,
     arith.ExtSIOp: _signed_to(i32),
     arith.ExtUIOp: _cast(i32),  # booleans in arithmetic: True -> 1

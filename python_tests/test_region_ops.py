@@ -91,3 +91,32 @@ def test_uitofp_reads_the_bits_unsigned():
 def test_the_lowering_bounds_every_kv_bounded_mask_kind():
     """causal-split may classify a mask by any kv_bounded kind; the lowering has its KV range."""
     assert set(KV_RANGES) == {k.name for k in attn.MASK_KINDS.values() if k.kv_bounded}
+
+
+# The same ops in generated kernels, under the Triton interpreter, against the reference.
+
+SCORE_MOD_MAXNUMF = """attn.score_mod {s} {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %c = arith.constant 0.25 : f32
+    %lo = arith.maxnumf %x, %c : f32
+    %d = arith.constant -0.25 : f32
+    %y = arith.minnumf %lo, %d : f32
+    attn.yield %y : f32
+  }"""
+
+# Keeps kv_idx - q_idx in [0, 1e9) read as unsigned: the keys at or after the query.
+MASK_UITOFP = """attn.mask {s} custom {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32):
+    %d = arith.subi %ki, %qi : i32
+    %u = arith.uitofp %d : i32 to f32
+    %lim = arith.constant 1.0e9 : f32
+    %keep = arith.cmpf olt, %u, %lim : f32
+    attn.yield %keep : i1
+  }"""
+
+
+@pytest.mark.parametrize("region", [SCORE_MOD_MAXNUMF, MASK_UITOFP], ids=["maxnumf_minnumf", "uitofp"])
+def test_kernel_agrees_with_the_reference(region, tmp_path):
+    from kernel_harness import check, qkv, variant
+
+    check(variant(score_ops=[region]), qkv(nq=40), tmp_path)
