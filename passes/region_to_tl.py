@@ -102,21 +102,12 @@ CMPI_OPERATORS = {
 }
 """arith.cmpi predicates (xDSL's names) as Triton operators; `u*` compare unsigned."""
 
-CMPF_OPERATORS = {
-    "oeq": "==",
-    "ogt": ">",
-    "oge": ">=",
-    "olt": "<",
-    "ole": "<=",
-    "one": "!=",
-    "ueq": "==",
-    "ugt": ">",
-    "uge": ">=",
-    "ult": "<",
-    "ule": "<=",
-    "une": "!=",
-}
-"""arith.cmpf predicates with a Triton operator (`false`, `true`, `ord`, `uno` have none)."""
+CMPF_OPERATORS = {"oeq": "==", "ogt": ">", "oge": ">=", "olt": "<", "ole": "<=", "une": "!="}
+"""The arith.cmpf predicates that are one Triton operator: a Triton comparison with a NaN
+operand is false, except `!=`, which is true."""
+
+CMPF_NEGATED = {"ugt": "<=", "uge": "<", "ult": ">=", "ule": ">"}
+"""Unordered predicates that hold where the opposite Triton comparison does not."""
 
 
 def _cmpi(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
@@ -130,11 +121,21 @@ def _cmpi(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -
 
 
 def _cmpf(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
+    """MLIR's ordered predicates are false, its unordered ones true, when an operand is NaN."""
     assert isinstance(op, arith.CmpfOp)
     pred = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
-    if pred not in CMPF_OPERATORS:
-        raise DiagnosticException(f"arith.cmpf predicate '{pred}' has no Triton lowering")
-    return kb.cmp(CMPF_OPERATORS[pred], o[0], o[1])
+    a, b = o
+    if pred in CMPF_OPERATORS:
+        return kb.cmp(CMPF_OPERATORS[pred], a, b)
+    if pred in CMPF_NEGATED:
+        return kb.xor(kb.cmp(CMPF_NEGATED[pred], a, b), True)
+    if pred in ("ord", "one"):
+        ordered = kb.and_(kb.cmp("==", a, a), kb.cmp("==", b, b))
+        return ordered if pred == "ord" else kb.and_(ordered, kb.cmp("!=", a, b))
+    if pred in ("uno", "ueq"):
+        unordered = kb.or_(kb.cmp("!=", a, a), kb.cmp("!=", b, b))
+        return unordered if pred == "uno" else kb.or_(kb.cmp("==", a, b), unordered)
+    return kb.value(pred == "true")  # false, true
 
 
 def _signed_to(element: Attribute) -> RegionLowering:

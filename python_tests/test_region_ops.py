@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from xdsl.dialects import arith
 
 from attnfuse.dialects import attn
 from attnfuse.passes.kv_segments import KV_RANGES
@@ -120,3 +121,31 @@ def test_kernel_agrees_with_the_reference(region, tmp_path):
     from kernel_harness import check, qkv, variant
 
     check(variant(score_ops=[region]), qkv(nq=40), tmp_path)
+
+
+def cmpf_score_mod(pred: str) -> str:
+    """A score_mod whose value shows arith.cmpf <pred> on ordinary operands and on NaN."""
+    return f"""attn.score_mod {{s}} {{
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %zero = arith.constant 0.0 : f32
+    %zx = arith.mulf %x, %zero : f32
+    %nan = arith.divf %zx, %zx : f32
+    %half = arith.constant 0.5 : f32
+    %one = arith.constant 1.0 : f32
+    %c = arith.cmpf {pred}, %x, %zero : f32
+    %n = arith.cmpf {pred}, %x, %nan : f32
+    %xs = arith.mulf %x, %half : f32
+    %y = arith.select %c, %x, %xs : f32
+    %bump = arith.select %n, %one, %zero : f32
+    %r = arith.addf %y, %bump : f32
+    attn.yield %r : f32
+  }}"""
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # the interpreter's 0 / 0
+@pytest.mark.parametrize("pred", arith.CMPF_COMPARISON_OPERATIONS)
+def test_kernel_cmpf_with_nan_agrees_with_the_reference(pred, tmp_path):
+    """Every arith.cmpf predicate, NaN operands included (ordered ones are false, unordered true)."""
+    from kernel_harness import check, qkv, variant
+
+    check(variant(score_ops=[cmpf_score_mod(pred)]), qkv(nq=24), tmp_path)
