@@ -513,23 +513,24 @@ class KernelCache:
             st = os.lstat(path)
         except OSError:
             return None
-        reason = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(st)
-        if reason is None:
+        try:  # each refusal is a ValueError whose text completes "it ..."
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("is not a regular file")
+            if reason := _untrusted(st):
+                raise ValueError(reason)
             try:
-                source, params = _split_source(path.read_text(encoding="utf-8"), key)
+                text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
-                reason = f"cannot be read ({e})"
-            except ValueError as e:
-                reason = str(e)
-        if reason is None:
+                raise ValueError(f"cannot be read ({e})") from e
+            source, params = _split_source(text, key)
             try:
                 module = load_module(path, interpret=interpret)
             except KeyboardInterrupt:
                 raise
             except BaseException as e:  # a cache file must not end the process (SystemExit)
-                reason = f"raised {e!r} when imported"
-        if reason is not None:
-            _warn(f"AttnFuse ignores the cached kernel {path}: it {reason}; the kernel is compiled again")
+                raise ValueError(f"raised {e!r} when imported") from e
+        except ValueError as e:
+            _warn(f"AttnFuse ignores the cached kernel {path}: it {e}; the kernel is compiled again")
             return None
         return LoadedKernel(key, path, source, params, module, interpret, from_disk=True)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,7 @@ def test_repeated_launches(folder: Path) -> None:
 
 
 @pytest.fixture
-def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty kernel cache folder; nothing of earlier tests in memory."""
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path / "cache"))
     runtime.clear_caches()
