@@ -36,7 +36,7 @@ def rope_layout(ropes: Sequence[attn.RopeOp]) -> RopeLayout | None:
     """The single rope layout of a variant (q and k must agree to meet in one dot)."""
     if not ropes:
         return None
-    layouts = {(r.style.data, r.rotary_dim.value.data) for r in ropes}
+    layouts = {(r.style.data.value, r.rotary_dim.value.data) for r in ropes}
     if len(layouts) > 1:
         raise DiagnosticException(
             "the Triton lowering needs every attn.rope of a variant to share style and rotary_dim, "

@@ -68,7 +68,9 @@ func.func @bias_result_type(%s: !attn.scores<4>, %sl: tensor<4xf32>) {
   }) : (!attn.scores<4>, tensor<4xf32>) -> !attn.scores<2>
   func.return
 }
-// CHECK: attn.bias result type must equal its input type
+// CHECK:      "attn.bias"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute !attn.scores<4> expected from variable 'T', but got !attn.scores<2>
 
 // -----
 

@@ -133,7 +133,9 @@ func.func @result_type(%s: !attn.scores<4>) {
   }) : (!attn.scores<4>) -> !attn.scores<8>
   func.return
 }
-// CHECK: attn.mask result type must equal its input type
+// CHECK:      "attn.mask"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute !attn.scores<4> expected from variable 'T', but got !attn.scores<8>
 
 // -----
 

@@ -46,7 +46,9 @@ func.func @norm_result_type(%q: tensor<?x8x?x64xf32>) {
   %n = "attn.norm"(%q) <{eps = 1.0e-06 : f64}> : (tensor<?x8x?x64xf32>) -> tensor<?x4x?x64xf32>
   func.return
 }
-// CHECK: attn.norm result type must equal its input type
+// CHECK:      "attn.norm"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute tensor<?x8x?x64xf32> expected from variable 'T', but got tensor<?x4x?x64xf32>
 
 // -----
 
@@ -79,7 +81,9 @@ func.func @scale_result_type(%s: !attn.scores<4>) {
   %x = "attn.scale"(%s) <{value = 2.0 : f64}> : (!attn.scores<4>) -> !attn.scores<8>
   func.return
 }
-// CHECK: attn.scale result type must equal its input type
+// CHECK:      "attn.scale"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute !attn.scores<4> expected from variable 'T', but got !attn.scores<8>
 
 // -----
 
@@ -119,13 +123,16 @@ func.func @softcap_result_type(%s: !attn.scores<4>) {
   %c = "attn.softcap"(%s) <{cap = 30.0 : f64}> : (!attn.scores<4>) -> !attn.scores<2>
   func.return
 }
-// CHECK: attn.softcap result type must equal its input type
+// CHECK:      "attn.softcap"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute !attn.scores<4> expected from variable 'T', but got !attn.scores<2>
 
 // -----
 
 func.func @softcap_on_tensor(%q: tensor<?x8x?x64xf32>) {
-  %c = attn.softcap %q cap = 30.0 : tensor<?x8x?x64xf32>
+  %c = "attn.softcap"(%q) <{cap = 30.0 : f64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
   func.return
 }
+// CHECK:      "attn.softcap"(%q)
 // CHECK:      operand 'input' at position 0 does not verify:
 // CHECK-NEXT: tensor<?x8x?x64xf32> should be of base attribute attn.scores

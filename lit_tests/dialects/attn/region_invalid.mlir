@@ -199,7 +199,9 @@ func.func @extract_index_type(%s: !attn.scores<4>, %sl: tensor<4xf32>) {
   } : !attn.scores<4>
   func.return
 }
-// CHECK: attn.extract indices must be i32
+// CHECK:      "attn.extract"(%t, %h64)
+// CHECK:      Operation does not verify: operand 'indices' at position 1 does not verify:
+// CHECK-NEXT: Expected attribute i32 but got i64
 
 // -----
 
@@ -212,7 +214,9 @@ func.func @extract_result_type(%s: !attn.scores<4>, %sl: tensor<4xf32>) {
   } : !attn.scores<4>
   func.return
 }
-// CHECK: attn.extract result must be the tensor's element type
+// CHECK:      "attn.extract"(%t, %h)
+// CHECK:      Operation does not verify: result 'result' at position 0 does not verify:
+// CHECK-NEXT: attribute f32 expected from variable 'T', but got f16
 
 // -----
 

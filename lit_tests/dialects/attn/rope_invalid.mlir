@@ -1,4 +1,7 @@
 // RUN: ATTN_VERIFY
+// RUN: echo 'func.func @f(%q: tensor<?x8x?x64xf32>) { %r = attn.rope %q neox theta = 10000.0 rotary_dim = 64 : tensor<?x8x?x64xf32> func.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=STYLE
+// STYLE: attn.rope %q neox
+// STYLE: Expected `half`, or `interleaved`.
 
 // One broken attn.rope per chunk; each must fail with the rule it breaks.
 
@@ -35,10 +38,12 @@ func.func @int_elements(%q: tensor<?x8x?x64xi32>) {
 // -----
 
 func.func @result_type(%q: tensor<?x8x?x64xf32>) {
-  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = "half", rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf16>
+  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf16>
   func.return
 }
-// CHECK: attn.rope result type must equal its input type
+// CHECK:      "attn.rope"
+// CHECK:      Operation does not verify: result 'output' at position 0 does not verify:
+// CHECK-NEXT: attribute tensor<?x8x?x64xf32> expected from variable 'T', but got tensor<?x8x?x64xf16>
 
 // -----
 
@@ -83,18 +88,21 @@ func.func @theta_negative(%q: tensor<?x8x?x64xf32>) {
 // -----
 
 func.func @theta_infinite(%q: tensor<?x8x?x64xf32>) {
-  %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64, style = "half", rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
+  %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
   func.return
 }
 // CHECK: attn.rope theta must be > 0 and finite, got inf
 
 // -----
 
+// The style is an enum: in the custom form a bad one is a parse error (the STYLE run
+// line above); in the generic form, a verifier error.
 func.func @bad_style(%q: tensor<?x8x?x64xf32>) {
-  %r = attn.rope %q neox theta = 10000.0 rotary_dim = 64 : tensor<?x8x?x64xf32>
+  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = "neox", rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
   func.return
 }
-// CHECK: attn.rope style must be 'half' or 'interleaved', got 'neox'
+// CHECK:      "attn.rope"(%q) <{theta = 1.000000e+04 : f64, style = "neox"
+// CHECK:      Operation does not verify: "neox" should be of base attribute attn.rope_style
 
 // -----
 

@@ -1,0 +1,98 @@
+"""The `attn` dialect: attention as a composition of ten building blocks.
+
+A variant is a `func.func` whose arguments are q, k, v (`tensor<?xHx?xDxT>`, batch
+and sequence dynamic, heads and head dim static) plus extra tensors (ALiBi slopes,
+document ids, QK-norm weights, sink logits). Pre-matmul ops (`attn.rope`,
+`attn.norm`, `attn.scale` on tensors) transform q or k; `attn.qk` produces the
+never-materialised score matrix (`!attn.scores<H>`); post-matmul ops (`attn.mask`,
+`attn.bias`, `attn.softcap`, `attn.score_mod`, `attn.scale` on scores) transform
+scores; `attn.softmax` turns scores into probabilities (`!attn.probs<H>`) and
+`attn.pv` multiplies them with v.
+
+Positions: key/value token j has position j (0..Nk-1); a tensor of N rows holds the
+*last* N positions of the key sequence (Nk-N..Nk-1), so queries are the last Nq
+tokens (the KV-cache convention) and RoPE and masks agree for prefill and decode.
+
+The dialect is three modules: `attributes` (types, attributes, named kinds, pass
+annotations), `ops` (the pre-matmul transforms, the matmuls, the softmax) and
+`score_fns` (mask, bias and score_mod, and their regions' ops). Import from here.
+"""
+
+from xdsl.ir import Dialect
+
+from attnfuse.dialects.attn.attributes import (
+    BIAS_KINDS,
+    INT32_MAX,
+    LOG2E,
+    MASK_KINDS,
+    ROPE_SCALINGS,
+    KvBoundAttr,
+    MaskKind,
+    NamedKind,
+    Placement,
+    PlacementAttr,
+    ProbsType,
+    RopeScalingAttr,
+    RopeStyle,
+    RopeStyleAttr,
+    ScoresType,
+)
+from attnfuse.dialects.attn.ops import NormOp, PVOp, QKOp, RopeOp, ScaleOp, SoftcapOp, SoftmaxOp
+from attnfuse.dialects.attn.score_fns import REGION_OPS, BiasOp, ExtractOp, MaskOp, ScoreModOp, YieldOp, new_region
+
+PRE_MATMUL_OPS = (RopeOp, NormOp, ScaleOp)
+SCORE_OPS = (ScaleOp, MaskOp, BiasOp, SoftcapOp, ScoreModOp)
+
+Attn = Dialect(
+    "attn",
+    [
+        RopeOp,
+        NormOp,
+        ScaleOp,
+        QKOp,
+        MaskOp,
+        BiasOp,
+        SoftcapOp,
+        ScoreModOp,
+        SoftmaxOp,
+        PVOp,
+        ExtractOp,
+        YieldOp,
+    ],
+    [ScoresType, ProbsType, RopeStyleAttr, RopeScalingAttr, PlacementAttr, KvBoundAttr],
+)
+
+__all__ = [
+    "BIAS_KINDS",
+    "INT32_MAX",
+    "LOG2E",
+    "MASK_KINDS",
+    "PRE_MATMUL_OPS",
+    "REGION_OPS",
+    "ROPE_SCALINGS",
+    "SCORE_OPS",
+    "Attn",
+    "BiasOp",
+    "ExtractOp",
+    "KvBoundAttr",
+    "MaskKind",
+    "MaskOp",
+    "NamedKind",
+    "NormOp",
+    "PVOp",
+    "Placement",
+    "PlacementAttr",
+    "ProbsType",
+    "QKOp",
+    "RopeOp",
+    "RopeScalingAttr",
+    "RopeStyle",
+    "RopeStyleAttr",
+    "ScaleOp",
+    "ScoreModOp",
+    "ScoresType",
+    "SoftcapOp",
+    "SoftmaxOp",
+    "YieldOp",
+    "new_region",
+]
