@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
+    I64,
     ArrayAttr,
     BFloat16Type,
     Float16Type,
@@ -33,6 +34,7 @@ from xdsl.dialects.builtin import (
     i32,
     i64,
 )
+from xdsl.dialects.utils.enum_attribute import EnumAttribute
 from xdsl.ir import (
     Attribute,
     Block,
@@ -40,6 +42,7 @@ from xdsl.ir import (
     Operation,
     ParametrizedAttribute,
     Region,
+    SpacedOpaqueSyntaxAttribute,
     SSAValue,
     TypeAttribute,
 )
@@ -63,6 +66,7 @@ from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, IsTerminator, NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import DiagnosticException, VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 # --------------------------------------------------------------------------- types
 
@@ -265,7 +269,7 @@ class ConstantOp(IRDLOperation):
 class _AxisOp(IRDLOperation):
     """Base of the grid queries: one i32 per program along `axis`."""
 
-    axis = prop_def(IntegerAttr)
+    axis = prop_def(IntegerAttr[I64])
     result = result_def(i32)
     assembly_format = "$axis attr-dict `:` type($result)"
 
@@ -305,10 +309,10 @@ class FullOp(IRDLOperation):
     """`tl.full([dims...], value, dtype)`: a tile filled with one value."""
 
     name = "tl.full"
-    dims = var_operand_def(IntegerType)
+    dims = var_operand_def(i32)
     value = prop_def(AnyAttr())
     result = result_def(TileType)
-    assembly_format = "$dims `value` `=` $value attr-dict `:` type($dims) `->` type($result)"
+    assembly_format = "$dims `value` `=` $value attr-dict `->` type($result)"
 
     def __init__(self, dims: Sequence[SSAValue | Operation], value: float | int, element: Attribute):
         attr = (
@@ -435,13 +439,30 @@ class CdivOp(BinaryOp):
     FUNCTION: ClassVar[str] = "tl.cdiv"
 
 
+class CmpPredicate(StrEnum):
+    """The comparisons of `tl.cmp`, spelt as their Python operators."""
+
+    LT = "<"
+    LE = "<="
+    EQ = "=="
+    NE = "!="
+    GT = ">"
+    GE = ">="
+
+
+@irdl_attr_definition
+class CmpPredicateAttr(EnumAttribute[CmpPredicate], SpacedOpaqueSyntaxAttribute):
+    """`tl.cmp`'s predicate: `"<"` in the op, `#tl<cmp_predicate "<">` on its own."""
+
+    name = "tl.cmp_predicate"
+
+
 @irdl_op_definition
 class CmpOp(IRDLOperation):
     """`a <pred> b` with pred one of < <= == != > >=; the result is boolean."""
 
     name = "tl.cmp"
-    PREDICATES: ClassVar = ("<", "<=", "==", "!=", ">", ">=")
-    predicate = prop_def(StringAttr)
+    predicate = prop_def(CmpPredicateAttr)
     lhs = operand_def()
     rhs = operand_def()
     result = result_def()
@@ -451,15 +472,9 @@ class CmpOp(IRDLOperation):
         lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
         super().__init__(
             operands=[lhs, rhs],
-            properties={"predicate": StringAttr(predicate)},
+            properties={"predicate": CmpPredicateAttr(CmpPredicate(predicate))},
             result_types=[broadcast_type(lhs.type, rhs.type, i1)],
         )
-
-    def verify_(self) -> None:
-        if self.predicate.data not in self.PREDICATES:
-            raise VerifyException(
-                f"tl.cmp predicate must be one of {' '.join(self.PREDICATES)}, got '{self.predicate.data}'"
-            )
 
 
 class UnaryOp(IRDLOperation):
@@ -595,7 +610,7 @@ class ExpandDimsOp(IRDLOperation):
 
     name = "tl.expand_dims"
     input = operand_def(TileType)
-    axis = prop_def(IntegerAttr)
+    axis = prop_def(IntegerAttr[I64])
     result = result_def(TileType)
     assembly_format = "$input `axis` $axis attr-dict `:` type($input) `->` type($result)"
 
@@ -608,15 +623,28 @@ class ExpandDimsOp(IRDLOperation):
             raise VerifyException("tl.expand_dims axis must be 0 or 1")
 
 
+class ReduceKind(StrEnum):
+    """The reductions of `tl.reduce`, named as their `triton.language` functions."""
+
+    MAX = "max"
+    SUM = "sum"
+
+
+@irdl_attr_definition
+class ReduceKindAttr(EnumAttribute[ReduceKind], SpacedOpaqueSyntaxAttribute):
+    """`tl.reduce`'s kind: `max` in the op, `#tl<reduce_kind max>` on its own."""
+
+    name = "tl.reduce_kind"
+
+
 @irdl_op_definition
 class ReduceOp(IRDLOperation):
     """`tl.max(x, axis)` or `tl.sum(x, axis)`."""
 
     name = "tl.reduce"
-    KINDS: ClassVar = ("max", "sum")
-    kind = prop_def(StringAttr)
+    kind = prop_def(ReduceKindAttr)
     input = operand_def(TileType)
-    axis = prop_def(IntegerAttr)
+    axis = prop_def(IntegerAttr[I64])
     result = result_def(TileType)
     assembly_format = "$kind $input `axis` $axis attr-dict `:` type($input) `->` type($result)"
 
@@ -624,13 +652,9 @@ class ReduceOp(IRDLOperation):
         input = SSAValue.get(input)
         super().__init__(
             operands=[input],
-            properties={"kind": StringAttr(kind), "axis": IntegerAttr(axis, i64)},
+            properties={"kind": ReduceKindAttr(ReduceKind(kind)), "axis": IntegerAttr(axis, i64)},
             result_types=[input.type],
         )
-
-    def verify_(self) -> None:
-        if self.kind.data not in self.KINDS:
-            raise VerifyException(f"tl.reduce kind must be max or sum, got '{self.kind.data}'")
 
 
 @irdl_op_definition
@@ -937,7 +961,7 @@ class RopeTableOp(_HostOp):
     sin = prop_def(StringAttr)
     values = prop_def(ArrayAttr[FloatAttr])
     length = prop_def(StringAttr)
-    magnitude = prop_def(FloatAttr)
+    magnitude = prop_def(FloatAttr[Float32Type])
     device = prop_def(StringAttr)
     assembly_format = (
         "$cos `,` $sin `inv_freq` $values `length` $length `magnitude` $magnitude `device` $device attr-dict"
@@ -967,8 +991,8 @@ class CallOp(_HostOp):
     callee = prop_def(StringAttr)
     grid = prop_def(ArrayAttr[StringAttr])
     args = prop_def(ArrayAttr[StringAttr])
-    num_warps = prop_def(IntegerAttr)
-    num_stages = prop_def(IntegerAttr)
+    num_warps = prop_def(IntegerAttr[I64])
+    num_stages = prop_def(IntegerAttr[I64])
     assembly_format = "$callee `grid` $grid `args` $args `num_warps` $num_warps `num_stages` $num_stages attr-dict"
 
     def __init__(self, callee: str, grid: Sequence[str], args: Sequence[str], num_warps: int, num_stages: int):
@@ -1027,7 +1051,7 @@ TL = Dialect(
         CallOp,
         HostReturnOp,
     ],
-    [TileType, PointerType],
+    [TileType, PointerType, CmpPredicateAttr, ReduceKindAttr],
 )
 
 

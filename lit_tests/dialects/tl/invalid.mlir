@@ -1,4 +1,10 @@
 // RUN: ATTN_VERIFY
+// RUN: echo 'tl.kernel @k(%a: i32) { %c = tl.cmp "<>" %a, %a : i32, i32 -> i1 tl.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=PRED
+// PRED: tl.cmp "<>"
+// PRED: Expected `<`, `<=`, `==`, `!=`, `>`, or `>=`.
+// RUN: echo 'tl.kernel @k(%n: i32) { %r = tl.arange %n : i32 -> !tl.tile<i32> %e = tl.reduce min %r axis 0 : !tl.tile<i32> -> !tl.tile<i32> tl.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=KIND
+// KIND: tl.reduce min
+// KIND: Expected `max`, or `sum`.
 
 // Each tl verifier rule, one chunk each: the diagnostic names the rule broken.
 
@@ -27,17 +33,20 @@ tl.launcher "launch"(["x"]) {
 
 // -----
 
+// Predicates and reduce kinds are enums: in the custom form a bad one is a parse error
+// (the PRED and KIND run lines above); in the generic form, a verifier error.
 tl.kernel @bad_cmp(%a: i32) {
-  %c = tl.cmp "<>" %a, %a : i32, i32 -> i1
+  %c = "tl.cmp"(%a, %a) <{predicate = "<>"}> : (i32, i32) -> i1
   tl.return
 }
-// CHECK: tl.cmp predicate must be one of < <= == != > >=, got '<>'
+// CHECK: "tl.cmp"(%a, %a)
+// CHECK: Operation does not verify: "<>" should be of base attribute tl.cmp_predicate
 
 // -----
 
 tl.kernel @bad_axis(%n: i32) {
   %r = tl.arange %n : i32 -> !tl.tile<i32>
-  %e = tl.expand_dims %r axis 2 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  %e = tl.expand_dims %r axis 2 : !tl.tile<i32> -> !tl.tile<i32>
   tl.return
 }
 // CHECK: tl.expand_dims axis must be 0 or 1
@@ -46,10 +55,11 @@ tl.kernel @bad_axis(%n: i32) {
 
 tl.kernel @bad_reduce(%n: i32) {
   %r = tl.arange %n : i32 -> !tl.tile<i32>
-  %e = tl.reduce "min" %r axis 0 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  %e = "tl.reduce"(%r) <{kind = "min", axis = 0 : i64}> : (!tl.tile<i32>) -> !tl.tile<i32>
   tl.return
 }
-// CHECK: tl.reduce kind must be max or sum, got 'min'
+// CHECK: "tl.reduce"(%r)
+// CHECK: Operation does not verify: "min" should be of base attribute tl.reduce_kind
 
 // -----
 

@@ -6,15 +6,15 @@
 // this text, also after a trip through the generic form.
 
 tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
-  %pid = tl.program_id 0 : i64 : i32
-  %nprog = tl.num_programs 1 : i64 : i32
+  %pid = tl.program_id 0 : i32
+  %nprog = tl.num_programs 1 : i32
   %c2 = tl.constant 2 : i32
   %half = tl.constant 5.000000e-01 : f32
   %true = tl.constant true
   %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
-  %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
-  %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
-  %izeros = tl.full %BLOCK value = 7 : i32 : i32 -> !tl.tile<i32>
+  %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 -> !tl.tile<f32>
+  %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 -> !tl.tile<f32>
+  %izeros = tl.full %BLOCK value = 7 : i32 -> !tl.tile<i32>
   %add = tl.add %pid, %r : i32, !tl.tile<i32> -> !tl.tile<i32>
   %sub = tl.sub %add, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
   %mul = tl.mul %sub, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
@@ -29,12 +29,12 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %and = tl.and %lt, %ge : !tl.tile<i1>, !tl.tile<i1> -> !tl.tile<i1>
   %or = tl.or %and, %true : !tl.tile<i1>, i1 -> !tl.tile<i1>
   %not = tl.not %or : !tl.tile<i1> -> !tl.tile<i1>
-  %row = tl.expand_dims %r axis 1 : i64 : !tl.tile<i32> -> !tl.tile<i32>
-  %col = tl.expand_dims %r axis 0 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
+  %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
   %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
   %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
   %a = tl.load %ptrs : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-  %m2 = tl.expand_dims %not axis 1 : i64 : !tl.tile<i1> -> !tl.tile<i1>
+  %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
   %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
   %id = tl.load %ids : !tl.ptr<i32> -> i32
   %bt = tl.trans %b : !tl.tile<f16> -> !tl.tile<f16>
@@ -53,8 +53,8 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %sig = tl.sigmoid %abs : !tl.tile<f32> -> !tl.tile<f32>
   %neg = tl.neg %sig : !tl.tile<f32> -> !tl.tile<f32>
   %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
-  %rmax = tl.reduce "max" %div axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
-  %rsum = tl.reduce "sum" %div axis 0 : i64 : !tl.tile<f32> -> !tl.tile<f32>
+  %rmax = tl.reduce max %div axis 1 : !tl.tile<f32> -> !tl.tile<f32>
+  %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32> -> !tl.tile<f32>
   %c0 = tl.constant 0 : i32
   %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
     %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
@@ -72,22 +72,22 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
 }
 tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
-  tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 : f32 device "x.device"
-  tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 : i64 num_stages 2 : i64
+  tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
+  tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_return ["out"]
 }
 
 // CHECK:      builtin.module {
 // CHECK-NEXT:   tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 constexpr) {
-// CHECK-NEXT:     %pid = tl.program_id 0 : i64 : i32
-// CHECK-NEXT:     %nprog = tl.num_programs 1 : i64 : i32
+// CHECK-NEXT:     %pid = tl.program_id 0 : i32
+// CHECK-NEXT:     %nprog = tl.num_programs 1 : i32
 // CHECK-NEXT:     %c2 = tl.constant 2 : i32
 // CHECK-NEXT:     %half = tl.constant 5.000000e-01 : f32
 // CHECK-NEXT:     %true = tl.constant true
 // CHECK-NEXT:     %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
-// CHECK-NEXT:     %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
-// CHECK-NEXT:     %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
-// CHECK-NEXT:     %izeros = tl.full %BLOCK value = 7 : i32 : i32 -> !tl.tile<i32>
+// CHECK-NEXT:     %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 -> !tl.tile<f32>
+// CHECK-NEXT:     %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 -> !tl.tile<f32>
+// CHECK-NEXT:     %izeros = tl.full %BLOCK value = 7 : i32 -> !tl.tile<i32>
 // CHECK-NEXT:     %add = tl.add %pid, %r : i32, !tl.tile<i32> -> !tl.tile<i32>
 // CHECK-NEXT:     %sub = tl.sub %add, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
 // CHECK-NEXT:     %mul = tl.mul %sub, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
@@ -102,12 +102,12 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %and = tl.and %lt, %ge : !tl.tile<i1>, !tl.tile<i1> -> !tl.tile<i1>
 // CHECK-NEXT:     %or = tl.or %and, %true : !tl.tile<i1>, i1 -> !tl.tile<i1>
 // CHECK-NEXT:     %not = tl.not %or : !tl.tile<i1> -> !tl.tile<i1>
-// CHECK-NEXT:     %row = tl.expand_dims %r axis 1 : i64 : !tl.tile<i32> -> !tl.tile<i32>
-// CHECK-NEXT:     %col = tl.expand_dims %r axis 0 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+// CHECK-NEXT:     %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
+// CHECK-NEXT:     %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
 // CHECK-NEXT:     %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
 // CHECK-NEXT:     %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
 // CHECK-NEXT:     %a = tl.load %ptrs : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-// CHECK-NEXT:     %m2 = tl.expand_dims %not axis 1 : i64 : !tl.tile<i1> -> !tl.tile<i1>
+// CHECK-NEXT:     %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
 // CHECK-NEXT:     %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
 // CHECK-NEXT:     %id = tl.load %ids : !tl.ptr<i32> -> i32
 // CHECK-NEXT:     %bt = tl.trans %b : !tl.tile<f16> -> !tl.tile<f16>
@@ -126,8 +126,8 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %sig = tl.sigmoid %abs : !tl.tile<f32> -> !tl.tile<f32>
 // CHECK-NEXT:     %neg = tl.neg %sig : !tl.tile<f32> -> !tl.tile<f32>
 // CHECK-NEXT:     %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
-// CHECK-NEXT:     %rmax = tl.reduce "max" %div axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %rsum = tl.reduce "sum" %div axis 0 : i64 : !tl.tile<f32> -> !tl.tile<f32>
+// CHECK-NEXT:     %rmax = tl.reduce max %div axis 1 : !tl.tile<f32> -> !tl.tile<f32>
+// CHECK-NEXT:     %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32> -> !tl.tile<f32>
 // CHECK-NEXT:     %c0 = tl.constant 0 : i32
 // CHECK-NEXT:     %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
 // CHECK-NEXT:       %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
@@ -145,8 +145,8 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:   }
 // CHECK-NEXT:   tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
-// CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 : f32 device "x.device"
-// CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 : i64 num_stages 2 : i64
+// CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
+// CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     tl.host_return ["out"]
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
@@ -156,7 +156,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC-NEXT: ^bb0(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32):
 // CHECK-GENERIC-NEXT:   %pid = "tl.program_id"() <{axis = 0 : i64}> : () -> i32
 // CHECK-GENERIC-NEXT:   %nprog = "tl.num_programs"() <{axis = 1 : i64}> : () -> i32
-// CHECK-GENERIC:        %lt = "tl.cmp"(%min, %n) <{predicate = "<"}> : (!tl.tile<i32>, i32) -> !tl.tile<i1>
+// CHECK-GENERIC:        %lt = "tl.cmp"(%min, %n) <{predicate = #tl<cmp_predicate "<">}> : (!tl.tile<i32>, i32) -> !tl.tile<i1>
 // CHECK-GENERIC:        %b = "tl.load"(%ptrs, %m2) <{other = 0.000000e+00 : f16}> : (!tl.tile<!tl.ptr<f16>>, !tl.tile<i1>) -> !tl.tile<f16>
 // CHECK-GENERIC:        %acc, %best = "tl.for"(%c0, %n, %BLOCK, %zeros, %rmax) ({
 // CHECK-GENERIC-NEXT:   ^bb0(%i: i32, %acc_i: !tl.tile<f32>, %best_i: !tl.tile<f32>):

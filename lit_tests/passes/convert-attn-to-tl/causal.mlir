@@ -19,11 +19,11 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK:         tl.kernel @attn_fwd(%q: !tl.ptr<f16>, %stride_q: i32, %stride_q_1: i32, %stride_q_2: i32, %stride_q_3: i32, %k: !tl.ptr<f16>, %stride_k: i32, %stride_k_1: i32, %stride_k_2: i32, %stride_k_3: i32, %v: !tl.ptr<f16>, %stride_v: i32, %stride_v_1: i32, %stride_v_2: i32, %stride_v_3: i32, %Out: !tl.ptr<f16>, %stride_o: i32, %stride_o_1: i32, %stride_o_2: i32, %stride_o_3: i32, %Lse: !tl.ptr<f32>, %NQ: i32, %NK: i32, %BLOCK_M: i32 constexpr, %BLOCK_N: i32 constexpr) {
 
 // One program per (Q tile, batch x head); query head h reads kv head h // 2.
-// CHECK-NEXT:      %pid_bh = tl.program_id 0 : i64 : i32
-// CHECK-NEXT:      %num_q_blocks = tl.num_programs 1 : i64 : i32
+// CHECK-NEXT:      %pid_bh = tl.program_id 0 : i32
+// CHECK-NEXT:      %num_q_blocks = tl.num_programs 1 : i32
 // CHECK-NEXT:      %[[ONE:.*]] = tl.constant 1 : i32
 // CHECK-NEXT:      %[[LAST:.*]] = tl.sub %num_q_blocks, %[[ONE]]
-// CHECK-NEXT:      %q_block = tl.program_id 1 : i64 : i32
+// CHECK-NEXT:      %q_block = tl.program_id 1 : i32
 // CHECK-NEXT:      %pid_m = tl.sub %[[LAST]], %q_block
 // CHECK-NEXT:      %[[HQ:.*]] = tl.constant 4 : i32
 // CHECK-NEXT:      %b = tl.floordiv %pid_bh, %[[HQ]]
@@ -43,9 +43,9 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:      %q_tile = tl.cast %[[QS]] : !tl.tile<f32> -> !tl.tile<f16>
 
 // Online-softmax state.
-// CHECK:           %m_i = tl.full %BLOCK_M value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
-// CHECK-NEXT:      %l_i = tl.full %BLOCK_M value = 0.000000e+00 : f32 : i32 -> !tl.tile<f32>
-// CHECK:           %acc = tl.full %BLOCK_M, %{{.*}} value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
+// CHECK:           %m_i = tl.full %BLOCK_M value = 0xff800000 : f32 -> !tl.tile<f32>
+// CHECK-NEXT:      %l_i = tl.full %BLOCK_M value = 0.000000e+00 : f32 -> !tl.tile<f32>
+// CHECK:           %acc = tl.full %BLOCK_M, %{{.*}} value = 0.000000e+00 : f32 -> !tl.tile<f32>
 
 // The segments, in order, threading m_i, l_i and acc. Blocks below the diagonal come
 // first and are full: no bounds mask on the loads, no mask code. (The masked segment
@@ -94,7 +94,7 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:    tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK-NEXT:      tl.alloc "out" shape ["q.shape[0]", "4", "q.shape[2]", "16"] dtype "torch.float16" device "q.device"
 // CHECK-NEXT:      tl.alloc "lse" shape ["q.shape[0]", "4", "q.shape[2]"] dtype "torch.float32" device "q.device"
-// CHECK-NEXT:      tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 : i64 num_stages 1 : i64
+// CHECK-NEXT:      tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 num_stages 1
 // CHECK-NEXT:      tl.host_return ["out", "lse"]
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }

@@ -32,7 +32,7 @@ func.func @rope(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?
 // FUSED-NOT:         tl.for %start_n_2 =
 // FUSED:           tl.launcher "launch"(["q", "k", "v"]) {
 // FUSED-NOT:         k_rot
-// FUSED:             tl.rope_table "rope_0_cos", "rope_0_sin" inv_freq [1.000000e+00 : f32, 0.316227764 : f32, 1.000000e-01 : f32, 0.0316227749 : f32, 1.000000e-02 : f32, 0.00316227763 : f32, 1.000000e-03 : f32, 0.000316227757 : f32] length "max(q.shape[2], k.shape[2])" magnitude 1.000000e+00 : f32 device "q.device"
+// FUSED:             tl.rope_table "rope_0_cos", "rope_0_sin" inv_freq [1.000000e+00 : f32, 0.316227764 : f32, 1.000000e-01 : f32, 0.0316227749 : f32, 1.000000e-02 : f32, 0.00316227763 : f32, 1.000000e-03 : f32, 0.000316227757 : f32] length "max(q.shape[2], k.shape[2])" magnitude 1.000000e+00 device "q.device"
 // FUSED-NEXT:        tl.call "attn_fwd"
 // FUSED-SAME:          "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)"
 // FUSED-NEXT:        tl.host_return ["out", "lse"]
@@ -54,7 +54,7 @@ func.func @rope(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?
 // PRE-NEXT:          tl.alloc "lse"
 // PRE-NEXT:          tl.alloc "k_rot" shape ["k.shape[0]", "2", "k.shape[2]", "16"] dtype "torch.float16" device "k.device"
 // PRE-NEXT:          tl.rope_table "rope_0_cos", "rope_0_sin"
-// PRE-NEXT:          tl.call "rotate_k" grid ["triton.cdiv(k.shape[2], 64)", "k.shape[0] * 2"] args ["k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)", "k.shape[2]", "64", "rope_0_cos", "rope_0_sin"] num_warps 4 : i64 num_stages 1 : i64
+// PRE-NEXT:          tl.call "rotate_k" grid ["triton.cdiv(k.shape[2], 64)", "k.shape[0] * 2"] args ["k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)", "k.shape[2]", "64", "rope_0_cos", "rope_0_sin"] num_warps 4 num_stages 1
 // PRE-NEXT:          tl.call "attn_fwd"
 // PRE-SAME:            "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)"
 // PRE-NEXT:          tl.host_return ["out", "lse"]

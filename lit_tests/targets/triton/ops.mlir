@@ -6,29 +6,29 @@
 // with carried values, constexpr parameters annotated, the launcher's host code.
 
 tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
-  %pid = tl.program_id 0 : i64 : i32
-  %nprog = tl.num_programs 1 : i64 : i32
+  %pid = tl.program_id 0 : i32
+  %nprog = tl.num_programs 1 : i32
   %c2 = tl.constant 2 : i32
   %half = tl.constant 5.000000e-01 : f32
   %r = tl.arange %BLOCK : i32 -> !tl.tile<i32>
-  %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 : i32, i32 -> !tl.tile<f32>
-  %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 : i32 -> !tl.tile<f32>
+  %zeros = tl.full %BLOCK, %BLOCK value = 0.000000e+00 : f32 -> !tl.tile<f32>
+  %neg_inf = tl.full %BLOCK value = 0xff800000 : f32 -> !tl.tile<f32>
   %add = tl.add %pid, %r : i32, !tl.tile<i32> -> !tl.tile<i32>
   %fdiv = tl.floordiv %add, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
   %rem = tl.rem %fdiv, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
   %cdiv = tl.cdiv %n, %c2 : i32, i32 -> i32
   %lt = tl.cmp "<" %rem, %cdiv : !tl.tile<i32>, i32 -> !tl.tile<i1>
   %not = tl.not %lt : !tl.tile<i1> -> !tl.tile<i1>
-  %row = tl.expand_dims %r axis 1 : i64 : !tl.tile<i32> -> !tl.tile<i32>
-  %col = tl.expand_dims %r axis 0 : i64 : !tl.tile<i32> -> !tl.tile<i32>
+  %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
+  %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
   %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
   %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
-  %mask = tl.expand_dims %not axis 1 : i64 : !tl.tile<i1> -> !tl.tile<i1>
+  %mask = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
   %a = tl.load %ptrs mask %mask : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
   %at = tl.trans %a : !tl.tile<f16> -> !tl.tile<f16>
   %d = tl.dot %a, %at acc %zeros : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %w = tl.where %mask, %d, %neg_inf : !tl.tile<i1>, !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>
-  %m = tl.reduce "max" %w axis 1 : i64 : !tl.tile<f32> -> !tl.tile<f32>
+  %m = tl.reduce max %w axis 1 : !tl.tile<f32> -> !tl.tile<f32>
   %e = tl.exp2 %m : !tl.tile<f32> -> !tl.tile<f32>
   %c0 = tl.constant 0 : i32
   %acc = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros) -> (!tl.tile<f32>) {
@@ -41,7 +41,7 @@ tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
 }
 tl.launcher "launch"(["x"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
-  tl.call "ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "x.shape[0]", "16"] num_warps 4 : i64 num_stages 2 : i64
+  tl.call "ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_return ["out"]
 }
 
