@@ -1,0 +1,187 @@
+"""The `tl` dialect: a Triton-emitting IR whose ops mirror `triton.language`.
+
+Device ops live in `tl.kernel` (one `@triton.jit` function) and map one-to-one to
+Python expressions (`tl.dot` -> `tl.dot(a, b, acc)`, `tl.add` -> `a + b`, `tl.for`
+-> a `for` loop with loop-carried variables). Host ops live in `tl.launcher` (the
+plain-Python `launch(...)` function that allocates outputs and launches kernels);
+their string operands are host Python expressions over the launcher's parameters.
+
+Types: `!tl.tile<T>` is a block of T (shape implicit, as in Triton source);
+`!tl.ptr<T>` a pointer; scalars are builtin integers and floats.
+
+The dialect is four modules: `types` (types and printed names), `kernel` (kernels, loops, the
+grid, memory), `compute` (values) and `host` (the launcher). Import from here.
+"""
+
+from xdsl.ir import Dialect
+
+from attnfuse.dialects.tl.compute import (
+    AbsOp,
+    AddOp,
+    AndOp,
+    ArangeOp,
+    BinaryOp,
+    CastOp,
+    CdivOp,
+    CmpOp,
+    CmpPredicate,
+    CmpPredicateAttr,
+    ConstantOp,
+    CosOp,
+    DotOp,
+    Exp2Op,
+    ExpandDimsOp,
+    ExpOp,
+    FloorDivOp,
+    FullOp,
+    Log2Op,
+    LogOp,
+    MaximumOp,
+    MinimumOp,
+    MulOp,
+    NegOp,
+    NotOp,
+    OrOp,
+    ReduceKind,
+    ReduceKindAttr,
+    ReduceOp,
+    RemOp,
+    RsqrtOp,
+    SigmoidOp,
+    SinOp,
+    SqrtOp,
+    SubOp,
+    TransOp,
+    TrueDivOp,
+    UnaryOp,
+    WhereOp,
+    XorOp,
+)
+from attnfuse.dialects.tl.host import (
+    AllocOp,
+    CallOp,
+    HostReturnOp,
+    LauncherOp,
+    RopeTableOp,
+)
+from attnfuse.dialects.tl.kernel import (
+    ForOp,
+    KernelOp,
+    LoadOp,
+    NumProgramsOp,
+    ProgramIdOp,
+    ReturnOp,
+    StoreOp,
+    YieldOp,
+)
+from attnfuse.dialects.tl.types import (
+    RESERVED_NAMES,
+    PointerType,
+    TileType,
+    broadcast_type,
+    dtype_name,
+    is_tile,
+    scalar_of,
+)
+
+UNARY_OPS = (NegOp, NotOp, Exp2Op, Log2Op, ExpOp, LogOp, SqrtOp, RsqrtOp, CosOp, SinOp, AbsOp, SigmoidOp)
+BINARY_OPS = (AddOp, SubOp, MulOp, TrueDivOp, FloorDivOp, RemOp, AndOp, OrOp, XorOp, MaximumOp, MinimumOp, CdivOp)
+
+TL = Dialect(
+    "tl",
+    [
+        KernelOp,
+        ReturnOp,
+        ConstantOp,
+        ProgramIdOp,
+        NumProgramsOp,
+        ArangeOp,
+        FullOp,
+        *BINARY_OPS,
+        CmpOp,
+        *UNARY_OPS,
+        CastOp,
+        ExpandDimsOp,
+        ReduceOp,
+        WhereOp,
+        LoadOp,
+        StoreOp,
+        DotOp,
+        TransOp,
+        ForOp,
+        YieldOp,
+        LauncherOp,
+        AllocOp,
+        RopeTableOp,
+        CallOp,
+        HostReturnOp,
+    ],
+    [TileType, PointerType, CmpPredicateAttr, ReduceKindAttr],
+)
+
+
+__all__ = [
+    "AbsOp",
+    "AddOp",
+    "AllocOp",
+    "AndOp",
+    "ArangeOp",
+    "BINARY_OPS",
+    "BinaryOp",
+    "CallOp",
+    "CastOp",
+    "CdivOp",
+    "CmpOp",
+    "CmpPredicate",
+    "CmpPredicateAttr",
+    "ConstantOp",
+    "CosOp",
+    "DotOp",
+    "Exp2Op",
+    "ExpOp",
+    "ExpandDimsOp",
+    "FloorDivOp",
+    "ForOp",
+    "FullOp",
+    "HostReturnOp",
+    "KernelOp",
+    "LauncherOp",
+    "LoadOp",
+    "Log2Op",
+    "LogOp",
+    "MaximumOp",
+    "MinimumOp",
+    "MulOp",
+    "NegOp",
+    "NotOp",
+    "NumProgramsOp",
+    "OrOp",
+    "PointerType",
+    "ProgramIdOp",
+    "RESERVED_NAMES",
+    "ReduceKind",
+    "ReduceKindAttr",
+    "ReduceOp",
+    "RemOp",
+    "ReturnOp",
+    "RopeTableOp",
+    "RsqrtOp",
+    "SigmoidOp",
+    "SinOp",
+    "SqrtOp",
+    "StoreOp",
+    "SubOp",
+    "TL",
+    "TileType",
+    "TransOp",
+    "TrueDivOp",
+    "UNARY_OPS",
+    "UnaryOp",
+    "WhereOp",
+    "XorOp",
+    "YieldOp",
+    "broadcast_type",
+    "dtype_name",
+    "is_tile",
+    "scalar_of",
+]

@@ -1,0 +1,149 @@
+"""The `tl` host ops: the `tl.launcher` function and what it does (allocate outputs, build RoPE
+tables, launch kernels, return). Their string properties are host Python expressions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    Float32Type,
+    FloatAttr,
+    IntegerAttr,
+    StringAttr,
+    f32,
+    i64,
+)
+from xdsl.ir import (
+    Block,
+    Operation,
+    Region,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator
+
+# --------------------------------------------------------------------------- host ops
+
+
+@irdl_op_definition
+class LauncherOp(IRDLOperation):
+    """The host function `def <name>(<params>)` that allocates outputs and launches
+    the kernels; `params` are the variant's tensor arguments in order."""
+
+    name = "tl.launcher"
+    sym_name = prop_def(StringAttr)
+    params = prop_def(ArrayAttr[StringAttr])
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator(), IsolatedFromAbove())
+    assembly_format = "$sym_name `(` $params `)` attr-dict-with-keyword $body"
+
+    def __init__(self, name: str, params: Sequence[str], ops: Sequence[Operation]):
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(name),
+                "params": ArrayAttr(StringAttr(p) for p in params),
+            },
+            regions=[Region(Block(ops))],
+        )
+
+
+class _HostOp(IRDLOperation):
+    traits = traits_def(HasParent(LauncherOp))
+
+
+@irdl_op_definition
+class AllocOp(_HostOp):
+    """`name = torch.empty(shape, dtype=dtype, device=device)`; entries are host expressions."""
+
+    name = "tl.alloc"
+    var = prop_def(StringAttr)
+    shape = prop_def(ArrayAttr[StringAttr])
+    dtype = prop_def(StringAttr)
+    device = prop_def(StringAttr)
+    assembly_format = "$var `shape` $shape `dtype` $dtype `device` $device attr-dict"
+
+    def __init__(self, var: str, shape: Sequence[str], dtype: str, device: str):
+        super().__init__(
+            properties={
+                "var": StringAttr(var),
+                "shape": ArrayAttr(StringAttr(s) for s in shape),
+                "dtype": StringAttr(dtype),
+                "device": StringAttr(device),
+            }
+        )
+
+
+@irdl_op_definition
+class RopeTableOp(_HostOp):
+    """`cos, sin = _rope_table(key, inv_freq, length, magnitude, device)`: float32
+    [positions, rotary_dim / 2] tables of magnitude * cos(pos * inv_freq) and
+    magnitude * sin(...), built once per device and power-of-two length bucket."""
+
+    name = "tl.rope_table"
+    cos = prop_def(StringAttr)
+    sin = prop_def(StringAttr)
+    values = prop_def(ArrayAttr[FloatAttr])
+    length = prop_def(StringAttr)
+    magnitude = prop_def(FloatAttr[Float32Type])
+    device = prop_def(StringAttr)
+    assembly_format = (
+        "$cos `,` $sin `inv_freq` $values `length` $length `magnitude` $magnitude `device` $device attr-dict"
+    )
+
+    def __init__(self, cos: str, sin: str, values: Sequence[float], length: str, magnitude: float, device: str):
+        super().__init__(
+            properties={
+                "cos": StringAttr(cos),
+                "sin": StringAttr(sin),
+                "values": ArrayAttr(FloatAttr(float(v), f32) for v in values),
+                "length": StringAttr(length),
+                "magnitude": FloatAttr(float(magnitude), f32),
+                "device": StringAttr(device),
+            }
+        )
+
+
+@irdl_op_definition
+class CallOp(_HostOp):
+    """`kernel[grid](*args, num_warps=..., num_stages=...)`: one kernel launch.
+
+    `grid` and `args` are host expressions; `args` match the kernel's parameters
+    in order, constexpr parameters included."""
+
+    name = "tl.call"
+    callee = prop_def(StringAttr)
+    grid = prop_def(ArrayAttr[StringAttr])
+    args = prop_def(ArrayAttr[StringAttr])
+    num_warps = prop_def(IntegerAttr[I64])
+    num_stages = prop_def(IntegerAttr[I64])
+    assembly_format = "$callee `grid` $grid `args` $args `num_warps` $num_warps `num_stages` $num_stages attr-dict"
+
+    def __init__(self, callee: str, grid: Sequence[str], args: Sequence[str], num_warps: int, num_stages: int):
+        super().__init__(
+            properties={
+                "callee": StringAttr(callee),
+                "grid": ArrayAttr(StringAttr(g) for g in grid),
+                "args": ArrayAttr(StringAttr(a) for a in args),
+                "num_warps": IntegerAttr(num_warps, i64),
+                "num_stages": IntegerAttr(num_stages, i64),
+            }
+        )
+
+
+@irdl_op_definition
+class HostReturnOp(_HostOp):
+    """`return <values>` of the launcher (host expressions)."""
+
+    name = "tl.host_return"
+    values = prop_def(ArrayAttr[StringAttr])
+    assembly_format = "$values attr-dict"
+
+    def __init__(self, values: Sequence[str]):
+        super().__init__(properties={"values": ArrayAttr(StringAttr(v) for v in values)})
