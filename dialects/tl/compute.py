@@ -28,6 +28,8 @@ from xdsl.irdl import (
     AnyAttr,
     IRDLOperation,
     ParsePropInAttrDict,
+    VarConstraint,
+    base,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -279,9 +281,10 @@ class UnaryOp(IRDLOperation):
 
     FUNCTION: ClassVar[str] = ""
     PREFIX: ClassVar[str] = ""
-    input = operand_def()
-    result = result_def()
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    T: ClassVar = VarConstraint("T", AnyAttr())
+    input = operand_def(T)
+    result = result_def(T)
+    assembly_format = "$input attr-dict `:` type($input)"
 
     def __init__(self, input: SSAValue | Operation):
         input = SSAValue.get(input)
@@ -406,10 +409,11 @@ class ExpandDimsOp(IRDLOperation):
     """`x[:, None]` (axis 1) or `x[None, :]` (axis 0) of a 1-D tile."""
 
     name = "tl.expand_dims"
-    input = operand_def(TileType)
+    T: ClassVar = VarConstraint("T", base(TileType))
+    input = operand_def(T)
     axis = prop_def(IntegerAttr[I64])
-    result = result_def(TileType)
-    assembly_format = "$input `axis` $axis attr-dict `:` type($input) `->` type($result)"
+    result = result_def(T)
+    assembly_format = "$input `axis` $axis attr-dict `:` type($input)"
 
     def __init__(self, input: SSAValue | Operation, axis: int):
         input = SSAValue.get(input)
@@ -440,10 +444,11 @@ class ReduceOp(IRDLOperation):
 
     name = "tl.reduce"
     kind = prop_def(ReduceKindAttr)
-    input = operand_def(TileType)
+    T: ClassVar = VarConstraint("T", base(TileType))
+    input = operand_def(T)
     axis = prop_def(IntegerAttr[I64])
-    result = result_def(TileType)
-    assembly_format = "$kind $input `axis` $axis attr-dict `:` type($input) `->` type($result)"
+    result = result_def(T)
+    assembly_format = "$kind $input `axis` $axis attr-dict `:` type($input)"
 
     def __init__(self, kind: str, input: SSAValue | Operation, axis: int):
         input = SSAValue.get(input)
@@ -510,9 +515,10 @@ class TransOp(IRDLOperation):
     """`tl.trans(x)`."""
 
     name = "tl.trans"
-    input = operand_def(TileType)
-    result = result_def(TileType)
-    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+    T: ClassVar = VarConstraint("T", base(TileType))
+    input = operand_def(T)
+    result = result_def(T)
+    assembly_format = "$input attr-dict `:` type($input)"
 
     def __init__(self, input: SSAValue | Operation):
         input = SSAValue.get(input)

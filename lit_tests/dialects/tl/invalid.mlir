@@ -2,7 +2,7 @@
 // RUN: echo 'tl.kernel @k(%a: i32) { %c = tl.cmp "<>" %a, %a : i32, i32 -> i1 tl.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=PRED
 // PRED: tl.cmp "<>"
 // PRED: Expected `<`, `<=`, `==`, `!=`, `>`, or `>=`.
-// RUN: echo 'tl.kernel @k(%n: i32) { %r = tl.arange %n : i32 -> !tl.tile<i32> %e = tl.reduce min %r axis 0 : !tl.tile<i32> -> !tl.tile<i32> tl.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=KIND
+// RUN: echo 'tl.kernel @k(%n: i32) { %r = tl.arange %n : i32 -> !tl.tile<i32> %e = tl.reduce min %r axis 0 : !tl.tile<i32> tl.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=KIND
 // KIND: tl.reduce min
 // KIND: Expected `max`, or `sum`.
 
@@ -46,7 +46,7 @@ tl.kernel @bad_cmp(%a: i32) {
 
 tl.kernel @bad_axis(%n: i32) {
   %r = tl.arange %n : i32 -> !tl.tile<i32>
-  %e = tl.expand_dims %r axis 2 : !tl.tile<i32> -> !tl.tile<i32>
+  %e = tl.expand_dims %r axis 2 : !tl.tile<i32>
   tl.return
 }
 // CHECK: tl.expand_dims axis must be 0 or 1
@@ -120,3 +120,24 @@ tl.kernel @dot_scalar(%f: f32) {
   tl.return
 }
 // CHECK: f32 should be of base attribute tl.tile
+
+// -----
+
+// Unary ops (and trans, expand_dims, reduce) keep their input's type.
+tl.kernel @unary_type(%f: f32) {
+  %e = "tl.exp2"(%f) : (f32) -> f16
+  tl.return
+}
+// CHECK:      "tl.exp2"(%f)
+// CHECK:      Operation does not verify: result 'result' at position 0 does not verify:
+// CHECK-NEXT: attribute f32 expected from variable 'T', but got f16
+
+// -----
+
+// A grid query's axis is an i64.
+tl.kernel @axis_type() {
+  %p = "tl.program_id"() <{axis = 0 : i32}> : () -> i32
+  tl.return
+}
+// CHECK: "tl.program_id"()
+// CHECK: Operation does not verify: Expected attribute i64 but got i32

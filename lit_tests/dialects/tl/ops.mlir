@@ -28,33 +28,33 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %ge = tl.cmp ">=" %min, %cdiv : !tl.tile<i32>, i32 -> !tl.tile<i1>
   %and = tl.and %lt, %ge : !tl.tile<i1>, !tl.tile<i1> -> !tl.tile<i1>
   %or = tl.or %and, %true : !tl.tile<i1>, i1 -> !tl.tile<i1>
-  %not = tl.not %or : !tl.tile<i1> -> !tl.tile<i1>
-  %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
-  %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
+  %not = tl.not %or : !tl.tile<i1>
+  %row = tl.expand_dims %r axis 1 : !tl.tile<i32>
+  %col = tl.expand_dims %r axis 0 : !tl.tile<i32>
   %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
   %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
   %a = tl.load %ptrs : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-  %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
+  %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1>
   %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
   %id = tl.load %ids : !tl.ptr<i32> -> i32
-  %bt = tl.trans %b : !tl.tile<f16> -> !tl.tile<f16>
+  %bt = tl.trans %b : !tl.tile<f16>
   %d0 = tl.dot %a, %bt : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %d1 = tl.dot %a, %bt acc %d0 : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %w = tl.where %m2, %d1, %half : !tl.tile<i1>, !tl.tile<f32>, f32 -> !tl.tile<f32>
-  %e2 = tl.exp2 %w : !tl.tile<f32> -> !tl.tile<f32>
-  %l2 = tl.log2 %e2 : !tl.tile<f32> -> !tl.tile<f32>
-  %e = tl.exp %l2 : !tl.tile<f32> -> !tl.tile<f32>
-  %l = tl.log %e : !tl.tile<f32> -> !tl.tile<f32>
-  %sq = tl.sqrt %l : !tl.tile<f32> -> !tl.tile<f32>
-  %rs = tl.rsqrt %sq : !tl.tile<f32> -> !tl.tile<f32>
-  %cos = tl.cos %rs : !tl.tile<f32> -> !tl.tile<f32>
-  %sin = tl.sin %cos : !tl.tile<f32> -> !tl.tile<f32>
-  %abs = tl.abs %sin : !tl.tile<f32> -> !tl.tile<f32>
-  %sig = tl.sigmoid %abs : !tl.tile<f32> -> !tl.tile<f32>
-  %neg = tl.neg %sig : !tl.tile<f32> -> !tl.tile<f32>
+  %e2 = tl.exp2 %w : !tl.tile<f32>
+  %l2 = tl.log2 %e2 : !tl.tile<f32>
+  %e = tl.exp %l2 : !tl.tile<f32>
+  %l = tl.log %e : !tl.tile<f32>
+  %sq = tl.sqrt %l : !tl.tile<f32>
+  %rs = tl.rsqrt %sq : !tl.tile<f32>
+  %cos = tl.cos %rs : !tl.tile<f32>
+  %sin = tl.sin %cos : !tl.tile<f32>
+  %abs = tl.abs %sin : !tl.tile<f32>
+  %sig = tl.sigmoid %abs : !tl.tile<f32>
+  %neg = tl.neg %sig : !tl.tile<f32>
   %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
-  %rmax = tl.reduce max %div axis 1 : !tl.tile<f32> -> !tl.tile<f32>
-  %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32> -> !tl.tile<f32>
+  %rmax = tl.reduce max %div axis 1 : !tl.tile<f32>
+  %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32>
   %c0 = tl.constant 0 : i32
   %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
     %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
@@ -101,33 +101,33 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %ge = tl.cmp ">=" %min, %cdiv : !tl.tile<i32>, i32 -> !tl.tile<i1>
 // CHECK-NEXT:     %and = tl.and %lt, %ge : !tl.tile<i1>, !tl.tile<i1> -> !tl.tile<i1>
 // CHECK-NEXT:     %or = tl.or %and, %true : !tl.tile<i1>, i1 -> !tl.tile<i1>
-// CHECK-NEXT:     %not = tl.not %or : !tl.tile<i1> -> !tl.tile<i1>
-// CHECK-NEXT:     %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
-// CHECK-NEXT:     %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
+// CHECK-NEXT:     %not = tl.not %or : !tl.tile<i1>
+// CHECK-NEXT:     %row = tl.expand_dims %r axis 1 : !tl.tile<i32>
+// CHECK-NEXT:     %col = tl.expand_dims %r axis 0 : !tl.tile<i32>
 // CHECK-NEXT:     %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
 // CHECK-NEXT:     %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
 // CHECK-NEXT:     %a = tl.load %ptrs : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-// CHECK-NEXT:     %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
+// CHECK-NEXT:     %m2 = tl.expand_dims %not axis 1 : !tl.tile<i1>
 // CHECK-NEXT:     %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
 // CHECK-NEXT:     %id = tl.load %ids : !tl.ptr<i32> -> i32
-// CHECK-NEXT:     %bt = tl.trans %b : !tl.tile<f16> -> !tl.tile<f16>
+// CHECK-NEXT:     %bt = tl.trans %b : !tl.tile<f16>
 // CHECK-NEXT:     %d0 = tl.dot %a, %bt : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NEXT:     %d1 = tl.dot %a, %bt acc %d0 : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NEXT:     %w = tl.where %m2, %d1, %half : !tl.tile<i1>, !tl.tile<f32>, f32 -> !tl.tile<f32>
-// CHECK-NEXT:     %e2 = tl.exp2 %w : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %l2 = tl.log2 %e2 : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %e = tl.exp %l2 : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %l = tl.log %e : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %sq = tl.sqrt %l : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %rs = tl.rsqrt %sq : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %cos = tl.cos %rs : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %sin = tl.sin %cos : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %abs = tl.abs %sin : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %sig = tl.sigmoid %abs : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %neg = tl.neg %sig : !tl.tile<f32> -> !tl.tile<f32>
+// CHECK-NEXT:     %e2 = tl.exp2 %w : !tl.tile<f32>
+// CHECK-NEXT:     %l2 = tl.log2 %e2 : !tl.tile<f32>
+// CHECK-NEXT:     %e = tl.exp %l2 : !tl.tile<f32>
+// CHECK-NEXT:     %l = tl.log %e : !tl.tile<f32>
+// CHECK-NEXT:     %sq = tl.sqrt %l : !tl.tile<f32>
+// CHECK-NEXT:     %rs = tl.rsqrt %sq : !tl.tile<f32>
+// CHECK-NEXT:     %cos = tl.cos %rs : !tl.tile<f32>
+// CHECK-NEXT:     %sin = tl.sin %cos : !tl.tile<f32>
+// CHECK-NEXT:     %abs = tl.abs %sin : !tl.tile<f32>
+// CHECK-NEXT:     %sig = tl.sigmoid %abs : !tl.tile<f32>
+// CHECK-NEXT:     %neg = tl.neg %sig : !tl.tile<f32>
 // CHECK-NEXT:     %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
-// CHECK-NEXT:     %rmax = tl.reduce max %div axis 1 : !tl.tile<f32> -> !tl.tile<f32>
-// CHECK-NEXT:     %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32> -> !tl.tile<f32>
+// CHECK-NEXT:     %rmax = tl.reduce max %div axis 1 : !tl.tile<f32>
+// CHECK-NEXT:     %rsum = tl.reduce sum %div axis 0 : !tl.tile<f32>
 // CHECK-NEXT:     %c0 = tl.constant 0 : i32
 // CHECK-NEXT:     %acc, %best = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros, %best_i = %rmax) -> (!tl.tile<f32>, !tl.tile<f32>) {
 // CHECK-NEXT:       %ia = tl.add %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>

@@ -18,18 +18,18 @@ tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
   %rem = tl.rem %fdiv, %c2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
   %cdiv = tl.cdiv %n, %c2 : i32, i32 -> i32
   %lt = tl.cmp "<" %rem, %cdiv : !tl.tile<i32>, i32 -> !tl.tile<i1>
-  %not = tl.not %lt : !tl.tile<i1> -> !tl.tile<i1>
-  %row = tl.expand_dims %r axis 1 : !tl.tile<i32> -> !tl.tile<i32>
-  %col = tl.expand_dims %r axis 0 : !tl.tile<i32> -> !tl.tile<i32>
+  %not = tl.not %lt : !tl.tile<i1>
+  %row = tl.expand_dims %r axis 1 : !tl.tile<i32>
+  %col = tl.expand_dims %r axis 0 : !tl.tile<i32>
   %offs = tl.add %row, %col : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i32>
   %ptrs = tl.add %x, %offs : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
-  %mask = tl.expand_dims %not axis 1 : !tl.tile<i1> -> !tl.tile<i1>
+  %mask = tl.expand_dims %not axis 1 : !tl.tile<i1>
   %a = tl.load %ptrs mask %mask : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-  %at = tl.trans %a : !tl.tile<f16> -> !tl.tile<f16>
+  %at = tl.trans %a : !tl.tile<f16>
   %d = tl.dot %a, %at acc %zeros : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %w = tl.where %mask, %d, %neg_inf : !tl.tile<i1>, !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>
-  %m = tl.reduce max %w axis 1 : !tl.tile<f32> -> !tl.tile<f32>
-  %e = tl.exp2 %m : !tl.tile<f32> -> !tl.tile<f32>
+  %m = tl.reduce max %w axis 1 : !tl.tile<f32>
+  %e = tl.exp2 %m : !tl.tile<f32>
   %c0 = tl.constant 0 : i32
   %acc = tl.for %i = %c0 to %n step %BLOCK iter_args(%acc_i = %zeros) -> (!tl.tile<f32>) {
     %next = tl.mul %acc_i, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
