@@ -40,7 +40,7 @@ class AttnFusePipelinePass(ModulePass):
     """false: leave KV blocks unclassified, so every block up to Nk is visited and
     masked (the baseline of the ablation, benchmarks/ablation.py)."""
 
-    def apply(self, ctx: Context, op: ModuleOp, after: Callable[[str, ModuleOp], None] | None = None) -> None:
+    def apply(self, ctx: Context, op: ModuleOp, after: Callable[[str, ModuleOp], object] | None = None) -> None:
         """Run the stages of `STAGES` in order. `after(stage_name, op)`, if given, is called
         after each stage that runs (the compiler driver's per-stage IR dump uses it)."""
         if self.sm is not None:

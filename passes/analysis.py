@@ -57,6 +57,7 @@ def _chain(value: SSAValue, what: str) -> tuple[list[Operation], BlockArgument]:
     ops: list[Operation] = []
     while not isinstance(value, BlockArgument):
         op = value.owner
+        assert isinstance(op, Operation)  # not a block argument: an op's result
         if not isinstance(op, attn.RopeOp | attn.NormOp | attn.ScaleOp):
             raise DiagnosticException(
                 f"{what} of attn.qk must be a function argument transformed by attn.rope, "

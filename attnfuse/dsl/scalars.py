@@ -44,6 +44,10 @@ of the variant being traced, or absent; its `region` is the `_Region` of the cus
 function being traced inside it, or None."""
 
 
+BinaryOpType = Callable[[SSAValue, SSAValue], Operation]
+"""An arith op class, as a constructor of the op from its two operands."""
+
+
 def _current_region(what: str) -> _Region:
     t = getattr(_local, "tracer", None)
     region = t.region if t is not None else None
@@ -333,7 +337,7 @@ def _lift_pair(a: object, b: object, r: _Region, *, floats: bool = False) -> tup
     return one(a), one(b)
 
 
-def _arith(a: object, b: object, int_op: type[Operation] | None, float_op: type[Operation]) -> Scalar:
+def _arith(a: object, b: object, int_op: BinaryOpType | None, float_op: BinaryOpType) -> Scalar:
     r = _current_region("arithmetic on traced values")
     x, y = _lift_pair(a, b, r, floats=int_op is None)
     if int_op is None or x.kind == "float" or y.kind == "float":
@@ -362,7 +366,7 @@ def _mod(a: object, b: object) -> Scalar:
     return Scalar(r.emit(arith.SubiOp(x.value, r.emit(arith.MuliOp(q, y.value)))), "int", r)
 
 
-def _bitwise(a: object, b: object, op: type[Operation], sym: str) -> Scalar:
+def _bitwise(a: object, b: object, op: BinaryOpType, sym: str) -> Scalar:
     r = _current_region(f"{sym} on traced values")
     x, y = _lift(a, r), _lift(b, r)
     if x.kind == "float" or y.kind == "float":
@@ -408,7 +412,7 @@ def where(cond: object, x: object, y: object) -> Any:
     return Scalar(r.emit(arith.SelectOp(c.value, a.value, b.value)), a.kind, r)
 
 
-def _unary_math(name: str, op: type[Operation], py: Callable[[float], float]) -> Callable[[Any], Any]:
+def _unary_math(name: str, op: Callable[[SSAValue], Operation], py: Callable[[float], float]) -> Callable[[Any], Any]:
     def fn(x: Any) -> Any:
         if not isinstance(x, Scalar):
             return py(x)
@@ -445,7 +449,7 @@ def abs_(x: Any) -> Any:
     return Scalar(r.emit(xmath.AbsIOp(s.value)), "int", r)
 
 
-def _minmax(name: str, int_op: type[Operation], float_op: type[Operation], py: Callable[..., Any]):
+def _minmax(name: str, int_op: BinaryOpType, float_op: BinaryOpType, py: Callable[..., Any]):
     def fn(x: Any, y: Any) -> Any:
         if not isinstance(x, Scalar) and not isinstance(y, Scalar):
             return py(x, y)

@@ -16,7 +16,7 @@ import inspect
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from xdsl.dialects import arith
@@ -145,7 +145,10 @@ class _Extra:
         spec.static_shape, spec.static_reason = shape, reason
         new_type = TensorType(self.element_type, shape)
         self.value = Rewriter.replace_value_with_new_type(self.value, new_type)
-        self.region_args = [Rewriter.replace_value_with_new_type(a, new_type) for a in self.region_args]
+        # Retyping a block argument gives a block argument.
+        self.region_args = [
+            cast(BlockArgument, Rewriter.replace_value_with_new_type(a, new_type)) for a in self.region_args
+        ]
 
     def require_dim(self, dim: int, rel: str, size: str | int, reason: str) -> None:
         req = (dim, rel, size, reason)
