@@ -13,6 +13,7 @@ from xdsl.dialects.builtin import (
     I64,
     Float64Type,
     FloatAttr,
+    IntAttr,
     IntegerAttr,
     TensorType,
     UnitAttr,
@@ -296,7 +297,7 @@ class QKOp(IRDLOperation):
         q, k = SSAValue.get(q), SSAValue.get(k)
         assert isinstance(q.type, TensorType)
         props = {} if scale is None else {"scale": _f64(scale)}
-        super().__init__(operands=[q, k], properties=props, result_types=[ScoresType(q.type.get_shape()[1])])
+        super().__init__(operands=[q, k], properties=props, result_types=[ScoresType(IntAttr(q.type.get_shape()[1]))])
 
     @property
     def effective_scale(self) -> float:

@@ -5,7 +5,7 @@ the region's own ops, `attn.extract` and `attn.yield`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from xdsl.dialects import arith
@@ -81,7 +81,7 @@ class _ScoreFnOp(IRDLOperation):
     A region holds only the ops of `REGION_OPS`, ended by `attn.yield`.
     """
 
-    KINDS: ClassVar[dict[str, NamedKind]] = {}
+    KINDS: ClassVar[Mapping[str, NamedKind]] = {}
     """The named kinds; `custom` takes any extra tensors and no parameter."""
     HAS_SCORE_ARG: ClassVar[bool] = False
     WHAT: ClassVar[str] = ""
@@ -237,7 +237,7 @@ class MaskOp(_ScoreFnOp):
 
     name = "attn.mask"
     WHAT: ClassVar[str] = "mask"
-    KINDS: ClassVar[dict[str, NamedKind]] = MASK_KINDS
+    KINDS: ClassVar[Mapping[str, NamedKind]] = MASK_KINDS
 
     def __init__(
         self,
@@ -272,7 +272,7 @@ class BiasOp(_ScoreFnOp):
 
     name = "attn.bias"
     WHAT: ClassVar[str] = "bias"
-    KINDS: ClassVar[dict[str, NamedKind]] = BIAS_KINDS
+    KINDS: ClassVar[Mapping[str, NamedKind]] = BIAS_KINDS
 
     def __init__(
         self,

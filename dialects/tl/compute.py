@@ -4,10 +4,11 @@ comparisons, casts, reductions, selection, and the matmul `tl.dot`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from xdsl.dialects.builtin import (
     I64,
+    AnyFloat,
     FloatAttr,
     IntegerAttr,
     IntegerType,
@@ -59,9 +60,9 @@ class ConstantOp(IRDLOperation):
         if isinstance(value, bool):
             attr = IntegerAttr(int(value), i1)
         elif isinstance(value, int):
-            attr = IntegerAttr(value, type or i32)
+            attr = IntegerAttr(value, cast(IntegerType, type or i32))
         else:
-            attr = FloatAttr(float(value), type or f32)
+            attr = FloatAttr(float(value), cast(AnyFloat, type or f32))
         super().__init__(properties={"value": attr}, result_types=[attr.type])
 
     def print(self, printer: Printer) -> None:
@@ -115,7 +116,9 @@ class FullOp(IRDLOperation):
 
     def __init__(self, dims: Sequence[SSAValue | Operation], value: float | int, element: Attribute):
         attr = (
-            IntegerAttr(int(value), element) if isinstance(element, IntegerType) else FloatAttr(float(value), element)
+            IntegerAttr(int(value), element)
+            if isinstance(element, IntegerType)
+            else FloatAttr(float(value), cast(AnyFloat, element))
         )
         super().__init__(operands=[dims], properties={"value": attr}, result_types=[TileType(element)])
 

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from xdsl.dialects.builtin import (
     I64,
+    AnyFloat,
     ArrayAttr,
     FloatAttr,
     IntAttr,
@@ -180,7 +182,7 @@ class LoadOp(IRDLOperation):
             props["other"] = (
                 IntegerAttr(int(other), element)
                 if isinstance(element, IntegerType)
-                else FloatAttr(float(other), element)
+                else FloatAttr(float(other), cast(AnyFloat, element))
             )
         t = (
             TileType(element)
