@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import traceback
 from typing import Any
 
 import stub_compiler
@@ -32,7 +33,15 @@ COMPILERS = {
 
 def call(mode: str, cache_dir: str, barrier: Any, results: Any) -> None:
     """Wait for the other children at `barrier`, make the call compiling with COMPILERS[mode],
-    and put (pid, runtime stats, max error against the reference) on `results`."""
+    and put (pid, runtime stats, max error against the reference) on `results`, or (pid,
+    None, the traceback) if anything failed."""
+    try:
+        results.put(_call(mode, cache_dir, barrier))
+    except BaseException:
+        results.put((os.getpid(), None, traceback.format_exc()))
+
+
+def _call(mode: str, cache_dir: str, barrier: Any) -> tuple[int, dict[str, int], float]:
     os.environ["ATTNFUSE_CACHE_DIR"] = cache_dir
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 12, 16, generator=g)
@@ -42,4 +51,4 @@ def call(mode: str, cache_dir: str, barrier: Any, results: Any) -> None:
     with af.backend("interpret"), cache.use_compiler(COMPILERS[mode]):
         out = rope_causal(q, k, v)
     err = (out.double() - run_reference(rope_causal.ir_module(), q, k, v)).abs().max().item()
-    results.put((os.getpid(), af.runtime.stats(), err))
+    return os.getpid(), af.runtime.stats(), err

@@ -533,6 +533,8 @@ def run_children(modes: list[str], cache_dir: Path) -> list[tuple[int, dict, flo
     finally:
         for p in procs:
             p.join(timeout=60)
+    for pid, stats, detail in out:
+        assert stats is not None, f"child {pid} failed:\n{detail}"
     assert [p.exitcode for p in procs] == [0] * len(procs)
     return out
 
