@@ -423,16 +423,16 @@ def kernel_folder() -> Path:
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive `flock` on `path` (created with mode 0600) inside the block.
-    Where the lock file cannot be opened, the block runs unlocked: atomic writes keep the
-    cache valid, only the work may be repeated."""
+    Where the lock file cannot be opened (or there is no `fcntl`), the block runs
+    unlocked: atomic writes keep the cache valid, only the work may be repeated."""
     try:
+        import fcntl
+
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except OSError:
+    except (ImportError, OSError):  # no fcntl (not POSIX), or no lock file
         fd = None
     try:
         if fd is not None:
-            import fcntl
-
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
