@@ -7,6 +7,7 @@ Types: `!attn.scores<H>` and `!attn.probs<H>`. Attributes: RoPE's `style` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -191,12 +192,17 @@ class RopeScalingAttr(ParametrizedAttribute):
             if default is None and k not in self.params.data:
                 raise VerifyException(f"rope scaling '{kind}' needs parameter '{k}'")
         vals = self.values
+        for k, v in vals.items():
+            if not isinstance(v, bool) and not math.isfinite(v):
+                raise VerifyException(f"rope scaling parameter '{k}' must be finite, got {v}")
         if vals["factor"] <= 0:
             raise VerifyException(f"rope scaling factor must be > 0, got {vals['factor']}")
         if kind == "llama3" and not vals["high_freq_factor"] > vals["low_freq_factor"] > 0:
             raise VerifyException("llama3 rope scaling needs high_freq_factor > low_freq_factor > 0")
         if "original_max_position" in vals and vals["original_max_position"] <= 0:
             raise VerifyException("rope scaling original_max_position must be > 0")
+        if kind == "yarn" and (vals["beta_fast"] <= 0 or vals["beta_slow"] <= 0 or vals["attention_factor"] < 0):
+            raise VerifyException("yarn rope scaling needs beta_fast > 0, beta_slow > 0 and attention_factor >= 0")
 
 
 def _scaling_param(v: float | bool) -> Attribute:

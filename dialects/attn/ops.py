@@ -178,8 +178,12 @@ class RopeOp(IRDLOperation):
         r = self.rotary_dim.value.data
         if r <= 0 or r % 2 or r > d:
             raise VerifyException(f"attn.rope rotary_dim must be even, positive and at most the head dim {d}, got {r}")
-        if not self.theta.value.data > 0 or math.isinf(self.theta.value.data):
-            raise VerifyException(f"attn.rope theta must be > 0 and finite, got {self.theta.value.data}")
+        theta = self.theta.value.data
+        if not theta > 0 or math.isinf(theta):
+            raise VerifyException(f"attn.rope theta must be > 0 and finite, got {theta}")
+        if self.scaling is not None and self.scaling.kind.data == "yarn" and not theta > 1:
+            # YaRN's correction range divides by ln(theta).
+            raise VerifyException(f"attn.rope with yarn scaling needs theta > 1, got {theta}")
         if self.inv_freq is not None:
             t = self.inv_freq.type
             assert isinstance(t, TensorType)
@@ -217,8 +221,8 @@ class NormOp(IRDLOperation):
     def verify_(self) -> None:
         shape = qkv_shape(self.input, "attn.norm input")
         _check_placement(self)
-        if not self.eps.value.data > 0:
-            raise VerifyException(f"attn.norm eps must be > 0, got {self.eps.value.data}")
+        if not 0 < self.eps.value.data < math.inf:
+            raise VerifyException(f"attn.norm eps must be > 0 and finite, got {self.eps.value.data}")
         check_vector(self.weight, shape[3], "attn.norm weight", "the head dim")
 
 

@@ -6,7 +6,7 @@ func.func @norm_eps_zero(%q: tensor<?x8x?x64xf32>) {
   %n = attn.norm %q eps = 0.0 : tensor<?x8x?x64xf32>
   func.return
 }
-// CHECK: attn.norm eps must be > 0, got 0.0
+// CHECK: attn.norm eps must be > 0 and finite, got 0.0
 
 // -----
 
@@ -14,7 +14,15 @@ func.func @norm_eps_negative(%q: tensor<?x8x?x64xf32>) {
   %n = attn.norm %q eps = -1.0e-06 : tensor<?x8x?x64xf32>
   func.return
 }
-// CHECK: attn.norm eps must be > 0, got -1e-06
+// CHECK: attn.norm eps must be > 0 and finite, got -1e-06
+
+// -----
+
+func.func @norm_eps_inf(%q: tensor<?x8x?x64xf32>) {
+  %n = "attn.norm"(%q) <{eps = 0x7FF0000000000000 : f64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: attn.norm eps must be > 0 and finite, got inf
 
 // -----
 

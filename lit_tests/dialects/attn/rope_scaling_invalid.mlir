@@ -95,3 +95,28 @@ func.func @factor_not_a_number(%q: tensor<?x8x?x64xf32>) {
   func.return
 }
 // CHECK: rope scaling parameter 'factor' must be a float
+
+// -----
+
+func.func @factor_not_finite(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<linear, factor = 1.0e400> : tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: rope scaling parameter 'factor' must be finite, got inf
+
+// -----
+
+func.func @yarn_beta_negative(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 10000.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 4096.0, beta_slow = -1.0> : tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: yarn rope scaling needs beta_fast > 0, beta_slow > 0 and attention_factor >= 0
+
+// -----
+
+// YaRN's correction range divides by ln(theta).
+func.func @yarn_theta_one(%q: tensor<?x8x?x64xf32>) {
+  %r = attn.rope %q half theta = 1.0 rotary_dim = 64 scaling = #attn.rope_scaling<yarn, factor = 4.0, original_max_position = 4096.0> : tensor<?x8x?x64xf32>
+  func.return
+}
+// CHECK: attn.rope with yarn scaling needs theta > 1, got 1.0
