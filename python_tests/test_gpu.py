@@ -249,6 +249,12 @@ def cuda_qkv(b: int = B, nq: int = 200, nk: int = 200, dtype: torch.dtype = torc
     return [randn(*s, dtype=dtype, seed=seed + i).cuda() for i, s in enumerate(shapes)]
 
 
+def test_device_sm() -> None:
+    major, minor = torch.cuda.get_device_capability()
+    assert device_sm() == device_sm("cuda") == device_sm(torch.cuda.current_device()) == major * 10 + minor
+    assert device_sm("cpu") == 0
+
+
 def test_triton_backend_refuses_inputs_that_require_grad(fresh_cache: Path) -> None:
     q, k, v = cuda_qkv()
     sink = torch.tensor([0.0, 1.5, -2.0, 4.0], device="cuda")

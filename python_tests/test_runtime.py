@@ -133,6 +133,30 @@ def test_seq_bucket():
     assert cache.seq_bucket(5, 300) == 512
 
 
+def test_one_hot_key_for_the_call_and_its_entry():
+    q, k, v = qkv(nq=5, nk=300)
+    ids = torch.zeros(1, 300, dtype=torch.int32)
+
+    @af.variant
+    def docs(q, k, v, ids, window=64):
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.document(ids) & af.sliding_window(window))), v)
+
+    with af.backend("interpret"), cache.use_compiler(stub_compiler.trivial_compile):
+        docs(q, k, v, ids)
+        docs(q, k, v, ids, 32)
+    assert set(docs._hot) == {
+        runtime._hot_key("interpret", q, k, v, (ids,)),
+        runtime._hot_key("interpret", q, k, v, (ids, 32)),
+    }
+    assert runtime._hot_key("interpret", q, k, v, (ids,))[11] == cache.seq_bucket(5, 300) == 512
+
+
+def test_device_sm_without_a_gpu():
+    assert runtime.device_sm("cpu") == runtime.device_sm(torch.device("meta")) == 0
+    if not torch.cuda.is_available():
+        assert runtime.device_sm() == runtime.device_sm("cuda:0") == 0
+
+
 def test_key_covers_every_field():
     base = cache.KernelSpec("ir", ("f16",) * 3, (4, 2), (64, 64), 128, 90, False)
     variants = [
