@@ -20,10 +20,21 @@ Semantics (the contract the kernels must meet):
   [B, H, Nq, Nk]: b is [B,1,1,1], h [1,H,1,1], q_idx [1,1,Nq,1], kv_idx [1,1,1,Nk].
   Integers follow MLIR/Triton semantics: values wrap to their bit width, `divsi` and
   `remsi` truncate toward zero like C (remsi takes the sign of the dividend),
-  `floordivsi` rounds down; integer division by zero is an error. Floats, whatever
+  `floordivsi` rounds down. Floats, whatever
   their IR type (f32, f16...), are computed in `compute_dtype`, so `extf`/`truncf`
   change nothing; a float constant keeps the value its type holds (an f32 0.1 is 0.1
   rounded to f32).
+- Integer division by zero is defined, not an error (a GPU cannot raise in a kernel):
+  `x divsi 0 = x floordivsi 0 = 0` and `x remsi 0 = x`, so x = (x / y) * y + x % y
+  holds for every y.
+- `attn.extract` outside the tensor's bounds reads 0 (false for a bool tensor): an
+  index below 0 or at least the dimension's size does not wrap around (as a negative
+  Python index would) and is not an error. Kernels mask such loads, at no cost for
+  in-bounds reads; raising would need a host round trip, and clamping would silently
+  read a neighbour. A variant that needs another value outside (e.g. -inf for a
+  bias) can compare the index itself, e.g. `where(kv + 1 < n, tab[h, kv + 1], x)`.
+- `attn.pv` reads a v of Nk rows (k's length): any other length is an error
+  (`AttnFuseError` naming both lengths), as in the runtime's validation of a call.
 
 The executor is differentiable (plain torch ops, no in-place updates), so it can
 also serve as the oracle of backward kernels.
@@ -287,7 +298,8 @@ class _Executor:
         p, v = probs.p, self.values[op.v]
         if v.shape[0] != p.shape[0] or v.shape[2] != p.shape[3]:
             raise AttnFuseError(
-                f"attn.pv: v must have batch {p.shape[0]} and {p.shape[3]} rows (k's), got shape {list(v.shape)}"
+                f"attn.pv: v has {v.shape[2]} rows (dim 2) and batch {v.shape[0]} but k has {p.shape[3]} rows "
+                f"and batch {p.shape[0]}: v must have k's length and batch, got shape {list(v.shape)}"
             )
         return p @ v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
 
@@ -457,26 +469,27 @@ def _to_type(x: torch.Tensor, t: Attribute, dtype: torch.dtype) -> torch.Tensor:
     return torch.remainder(x + half, 1 << width) - half
 
 
-def _nonzero_divisor(op: Operation, b: torch.Tensor) -> torch.Tensor:
-    if bool((b == 0).any()):
-        raise AttnFuseError(f"integer division by zero in {op.name}")
-    return b
-
-
 def _int_binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
     return lambda op, a: fn(_signed(a[0]), _signed(a[1]))
 
 
 def _int_division(rounding: str):
+    """divsi ("trunc") or floordivsi ("floor"); x / 0 = 0."""
+
     def run(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
-        return torch.div(_signed(a[0]), _nonzero_divisor(op, _signed(a[1])), rounding_mode=rounding)
+        x, y = _signed(a[0]), _signed(a[1])
+        by_zero = y == 0
+        quotient = torch.div(x, torch.where(by_zero, 1, y), rounding_mode=rounding)
+        return torch.where(by_zero, 0, quotient)
 
     return run
 
 
 def _remsi(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
-    # torch.fmod truncates like C: the remainder takes the sign of the dividend.
-    return torch.fmod(_signed(a[0]), _nonzero_divisor(op, _signed(a[1])))
+    """x - trunc(x / y) * y, the sign of the dividend (torch.fmod, like C); x % 0 = x."""
+    x, y = _signed(a[0]), _signed(a[1])
+    by_zero = y == 0
+    return torch.where(by_zero, x, torch.fmod(x, torch.where(by_zero, 1, y)))
 
 
 def _unary(fn: Callable[[torch.Tensor], torch.Tensor]):
@@ -527,15 +540,18 @@ def _uitofp(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _extract(op: attn.ExtractOp, a: list[torch.Tensor]) -> torch.Tensor:
-    tensor, indices = a[0], [_signed(i) for i in a[1:]]
-    indices = torch.broadcast_tensors(*indices)
-    for d, (i, size) in enumerate(zip(indices, tensor.shape, strict=True)):
-        if bool(((i < 0) | (i >= size)).any()):
-            raise AttnFuseError(
-                f"attn.extract index out of range in dim {d} of a tensor of shape {list(tensor.shape)}: "
-                f"indices span [{int(i.min())}, {int(i.max())}]"
-            )
-    return tensor[tuple(indices)]
+    """tensor[indices], 0 (false) where an index is outside its dimension."""
+    tensor, indices = a[0], torch.broadcast_tensors(*[_signed(i) for i in a[1:]])
+    zero = torch.zeros((), dtype=tensor.dtype, device=tensor.device)
+    if not indices:
+        return tensor
+    inside = torch.ones_like(indices[0], dtype=torch.bool)
+    for i, size in zip(indices, tensor.shape, strict=True):
+        inside &= (i >= 0) & (i < size)
+    if tensor.numel() == 0:
+        return zero.expand(inside.shape)
+    clamped = tuple(torch.where(inside, i, 0) for i in indices)
+    return torch.where(inside, tensor[clamped], zero)
 
 
 REGION_OPS: dict[str, Callable[[Operation, list[torch.Tensor]], torch.Tensor]] = {

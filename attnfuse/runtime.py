@@ -40,10 +40,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from xdsl.ir import BlockArgument
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse import cache, dsl
 from attnfuse.cache import KERNELS, KernelSpec, LoadedKernel, seq_bucket, use_compiler
+from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 
 __all__ = [
@@ -207,6 +209,55 @@ def _validate_extras(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, extras:
                     f"{spec.name} must have {'size' if rel == 'eq' else 'at least size'} {what} in dim {dim} "
                     f"({why}), got shape {list(shape)}"
                 )
+
+
+_QKV_NAMES = ("q", "k", "v")
+_LENGTH_ROLES: dict[str, tuple[int, int] | None] = {}
+
+
+def _length_roles(trace: dsl.Trace) -> tuple[int, int] | None:
+    """(index among q, k, v of the tensor attn.qk reads as k, of the one attn.pv reads as
+    v) when their lengths are not already checked equal (one of them is q); else None.
+    Cached per traced IR."""
+    if trace.text not in _LENGTH_ROLES:
+        roles = None
+        qk = next(op for op in trace.module.walk() if isinstance(op, attn.QKOp))
+        pv = next(op for op in trace.module.walk() if isinstance(op, attn.PVOp))
+        key = qk.k
+        while not isinstance(key, BlockArgument):
+            key = key.owner.operands[0]  # type: ignore[union-attr]  (a pre-matmul transform)
+        if isinstance(pv.v, BlockArgument) and pv.v.index != key.index and 0 in (pv.v.index, key.index):
+            roles = (key.index, pv.v.index)
+        _LENGTH_ROLES[trace.text] = roles
+    return _LENGTH_ROLES[trace.text]
+
+
+def _check_pv_length(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """af.pv's v must have as many rows as af.qk's k (each key has its value), whichever of
+    q, k, v the variant passes them: nothing is launched otherwise."""
+    roles = _length_roles(trace)
+    if roles is None:
+        return
+    tensors = (q, k, v)
+    key, value = roles
+    nk, nv = tensors[key].shape[2], tensors[value].shape[2]
+    if nk != nv:
+        raise AttnFuseError(
+            f"af.pv's v ({_QKV_NAMES[value]}) has {nv} positions (dim 2) but af.qk's k ({_QKV_NAMES[key]}) has "
+            f"{nk}: v must have one row per key"
+        )
+
+
+def _with_length_check(
+    trace: dsl.Trace, check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None
+) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None:
+    """The hot path's `check`, also taking the slow path when `_check_pv_length` would
+    raise (k and v have one length there, so q's against k's decides)."""
+    if _length_roles(trace) is None:
+        return check
+    if check is None:
+        return lambda q, k, extras: q.shape[2] == k.shape[2]
+    return lambda q, k, extras: q.shape[2] == k.shape[2] and check(q, k, extras)
 
 
 _SIZE_INDEX = {"B": 0, "Hq": 1, "Nk": 2}
@@ -533,6 +584,7 @@ class Variant:
         backend_name = _check_backend(backend_name, "af.backend" if _backend_var.get() else "ATTNFUSE_BACKEND=")
         trace, full = self._validated_trace(q, k, v, extras)
         _validate_extras(trace, q, k, extras)
+        _check_pv_length(trace, q, k, v)
         select = self._selector(full, len(extras))
         mode = _kernel_mode(backend_name, q)
         if mode == "reference":
@@ -554,7 +606,7 @@ class Variant:
                     _refuse_grad(self, mode, q, k, v, self._bind(extras))
                 return launch(q, k, v, *tensors)[0]
 
-        entry = _Entry(run, _extras_check(trace, len(extras)))
+        entry = _Entry(run, _with_length_check(trace, _extras_check(trace, len(extras))))
         self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
         return entry
 
@@ -614,6 +666,7 @@ class Variant:
                 f"got {_describe_signature(got)}; compile another with {self.__name__}.compile(...)"
             )
         _validate_extras(trace, q, k, extras)
+        _check_pv_length(trace, q, k, v)
         return tuple(x for x in full if isinstance(x, torch.Tensor))
 
     # ---- public API
@@ -624,6 +677,7 @@ class Variant:
         name = current_backend()
         trace, full = self._validated_trace(q, k, v, extras)
         _validate_extras(trace, q, k, extras)
+        _check_pv_length(trace, q, k, v)
         if name in ("auto", "reference"):
             interpret = q.device.type != "cuda"
         else:

@@ -16,6 +16,13 @@ When K's placement is `prerotate`, a second kernel, `rotate_k`, writes K's trans
 copy once, before `attn_fwd` runs. The launcher allocates the outputs, builds the RoPE
 cos/sin tables and launches the kernels.
 
+Addresses: a tensor may hold more than 2^31 elements (a KV cache of B=5, H=32, N=128k,
+D=128), so every offset that grows with the tensor is computed in int64: the batch and
+head offsets and the row offset of a tile's first row, added once to a scalar base
+pointer, and the indices of extra tensors. The offsets within a tile (rows of a block,
+channels) stay int32, as they are bounded by the block size times a stride; so do the
+RoPE tables' (positions x rotary_dim / 2, below 2^31 up to 2^24 positions).
+
 The tl ops are built with `tl_builder`; Q's and K's transforms (RoPE, QK-norm, scale) by
 `qk_transforms_to_tl`, custom mask/bias/score_mod regions by `region_to_tl`, and the KV
 loop's segments by `kv_segments`.
@@ -27,7 +34,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, TensorType, f32, i32
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, TensorType, f32, i32, i64
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
@@ -80,6 +87,8 @@ class ScoreCtx:
 
     b: SSAValue
     h: SSAValue
+    b_off: SSAValue
+    """b as int64, to multiply a batch stride."""
     q_idx: SSAValue
     """Query positions, [BLOCK_M, 1]."""
     kv_idx: SSAValue
@@ -101,6 +110,14 @@ class QBlock:
     """The Q block."""
     b: SSAValue
     h: SSAValue
+    b_off: SSAValue
+    """b as int64 (the batch index that multiplies a stride)."""
+    h_off: SSAValue
+    """h as int64."""
+    m_off: SSAValue
+    """The Q block's first row, int64."""
+    rows_m: SSAValue
+    """Rows of the Q block relative to its first, [BLOCK_M]."""
     offs_m: SSAValue
     row_ok: SSAValue
     q_idx: SSAValue
@@ -146,12 +163,8 @@ class Lowering:
         self.kdtype = chains.k_type.get_element_type()
         self.vdtype = chains.v_type.get_element_type()
         self.dpad = pow2(self.d)
-        self.qk = QKTransforms(rope_layout(chains.ropes()), self.d, self.tensor)
-        if (
-            sum(isinstance(op, attn.RopeOp) for op in chains.q_chain) > 1
-            or sum(isinstance(op, attn.RopeOp) for op in chains.k_chain) > 1
-        ):
-            raise DiagnosticException("the Triton lowering applies at most one attn.rope to q and to k")
+        self.qk = QKTransforms(self.d, self.tensor)
+        rope_layout(chains.q_chain), rope_layout(chains.k_chain)  # at most one attn.rope each
         self.k_placement: Placement | None = None
         """Where K's transforms run (rope-fusion's placement; without it, in the KV loop)."""
         for op in chains.k_chain:
@@ -169,15 +182,20 @@ class Lowering:
         assert isinstance(value, BlockArgument)
         return self.names[value.index]
 
-    def tensor(self, p: Params, value: SSAValue, key: str | None = None, host: str | None = None) -> TensorParam:
-        """Pointer and strides of a function argument (or of `host`, a tensor like it)."""
+    def tensor(
+        self, p: Params, value: SSAValue, key: str | None = None, host: str | None = None, sizes: bool = False
+    ) -> TensorParam:
+        """Pointer and strides of a function argument (or of `host`, a tensor like it), and
+        its sizes when `sizes` (to mask loads to its bounds)."""
         name = host or self.host_name(value)
         t = value.type
         assert isinstance(t, TensorType)
         key = key or name
         ptr = p.param(key, tl.PointerType(t.get_element_type()), name)
-        strides = [p.param(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(len(t.get_shape()))]
-        return TensorParam(ptr, strides)
+        rank = len(t.get_shape())
+        strides = [p.param(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(rank)]
+        dims = [p.param(f"size_{key}_{d}", i32, f"{name}.shape[{d}]") for d in range(rank)] if sizes else []
+        return TensorParam(ptr, strides, dims)
 
     # ------------------------------------------------------------------ score ops
     def region(
@@ -192,7 +210,7 @@ class Lowering:
         head = [] if score is None else [score]
         index_args = [*head, ctx.b, ctx.h, ctx.q_idx, ctx.kv_idx]
         extra_args = op.body.blocks[0].args[len(index_args) :]
-        extras = {a: self.tensor(p, e) for a, e in zip(extra_args, op.extras, strict=True)}
+        extras = {a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)}
         return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid))
 
     def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: ScoreCtx, masked: bool) -> SSAValue:
@@ -212,7 +230,8 @@ class Lowering:
             elif isinstance(op, attn.BiasOp):
                 if op.kind.data == "alibi":
                     slopes = self.tensor(p, op.extras[0])
-                    slope = kb.cast(kb.load(kb.add(slopes.ptr, kb.mul(ctx.h, slopes.strides[0])), hint="slope"), f32)
+                    slope_ptr = kb.add(slopes.ptr, kb.mul(kb.cast(ctx.h, i64), slopes.strides[0]))
+                    slope = kb.cast(kb.load(slope_ptr, hint="slope"), f32)
                     rel = kb.cast(kb.sub(ctx.kv_idx, ctx.q_idx), f32)
                     s = kb.add(s, kb.mul(rel, slope), hint="s_biased")
                 else:
@@ -243,8 +262,8 @@ class Lowering:
             return kb.or_(kb.cmp("<", kv, param), kb.cmp("<=", kv, q), hint="prefix_or_causal")
         if kind == "document":
             ids = self.tensor(p, op.extras[0])
-            base = kb.add(ids.ptr, kb.mul(ctx.b, ids.strides[0]))
-            doc_k = kb.load(kb.add(base, kb.mul(kv, ids.strides[1])), ctx.kv_ok, -2, hint="doc_k")
+            base = kb.add(ids.ptr, kb.mul(ctx.b_off, ids.strides[0]))
+            doc_k = kb.load(kb.add(base, kb.mul(kb.cast(kv, i64), ids.strides[1])), ctx.kv_ok, -2, hint="doc_k")
             return kb.cmp("==", ctx.doc_q[op.extras[0]], doc_k, hint="same_doc")
         return self.region(kb, p, op, ctx, None)
 
@@ -298,18 +317,25 @@ class Lowering:
         b = kb.floordiv(pid_bh, self.hq, hint="b")
         h = kb.rem(pid_bh, self.hq, hint="h")
         hk = kb.floordiv(h, self.hq // self.hkv, hint="h_kv") if self.hq != self.hkv else h
-        offs_m = kb.add(kb.mul(pid_m, block_m), kb.arange(block_m), hint="offs_m")
+        # Offsets that grow with a tensor's size in int64 (a KV cache may pass 2^31 elements).
+        b_off, h_off = kb.cast(b, i64, hint="b_off"), kb.cast(h, i64, hint="h_off")
+        hk_off = kb.cast(hk, i64, hint="hk_off") if hk is not h else h_off
+        m_start = kb.mul(pid_m, block_m, hint="m_start")
+        m_off = kb.cast(m_start, i64, hint="m_off")
+        rows_m = kb.arange(block_m, hint="rows_m")
+        offs_m = kb.add(m_start, rows_m, hint="offs_m")
         row_ok = kb.cmp("<", offs_m, nq, hint="row_ok")
         shift = kb.sub(nk, nq, hint="q_shift")
         q_pos = kb.add(offs_m, shift, hint="q_pos")
 
         # Q: load, transform, fold the scale (and log2 e), cast once.
-        q_base = kb.add(kb.add(q.ptr, kb.mul(b, q.strides[0])), kb.mul(h, q.strides[1]), hint="q_base")
+        q_bh = kb.add(kb.add(q.ptr, kb.mul(b_off, q.strides[0])), kb.mul(h_off, q.strides[1]))
+        q_base = kb.add(q_bh, kb.mul(m_off, q.strides[2]), hint="q_base")
         q_x = self.qk.transformed(
             kb,
             p,
             chains.q_chain,
-            lambda chans: self.qk.load_tile(kb, q_base, offs_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
+            lambda chans: self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
             q_pos,
             row_ok,
             True,
@@ -318,8 +344,8 @@ class Lowering:
         )
         q_tile = kb.cast(kb.mul(q_x, self.q_prescale), self.dtype, hint="q_tile")
 
-        k_base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
-        v_base = kb.add(kb.add(v.ptr, kb.mul(b, v.strides[0])), kb.mul(hk, v.strides[1]), hint="v_base")
+        k_base = kb.add(kb.add(k.ptr, kb.mul(b_off, k.strides[0])), kb.mul(hk_off, k.strides[1]), hint="k_base")
+        v_base = kb.add(kb.add(v.ptr, kb.mul(b_off, v.strides[0])), kb.mul(hk_off, v.strides[1]), hint="v_base")
         offs_d = kb.arange(self.dpad, hint="offs_d")
         bdv = pow2(self.dv)
         offs_dv = kb.arange(bdv, hint="offs_dv")
@@ -330,13 +356,18 @@ class Lowering:
         for mask in chains.masks:  # the query's id of each document mask, loaded once
             if mask.kind.data == "document":
                 ids = self.tensor(p, mask.extras[0])
-                ids_ptr = kb.add(kb.add(ids.ptr, kb.mul(b, ids.strides[0])), kb.mul(q_pos, ids.strides[1]))
+                ids_base = kb.add(ids.ptr, kb.mul(b_off, ids.strides[0]))
+                ids_ptr = kb.add(ids_base, kb.mul(kb.cast(q_pos, i64), ids.strides[1]))
                 doc_q[mask.extras[0]] = kb.row(kb.load(ids_ptr, row_ok, -1, hint="doc_q"))
         return QBlock(
             pid_bh=pid_bh,
             pid_m=pid_m,
             b=b,
             h=h,
+            b_off=b_off,
+            h_off=h_off,
+            m_off=m_off,
+            rows_m=rows_m,
             offs_m=offs_m,
             row_ok=row_ok,
             q_idx=q_idx,
@@ -363,12 +394,15 @@ class Lowering:
     ) -> dict[str, SSAValue]:
         """One KV block: scores, score ops (and masks when `masked`), the online softmax
         update in base 2, and P @ V into the accumulator."""
-        offs_n = ib.add(start_n, ib.arange(qb.block_n), hint="offs_n")
+        rows_n = ib.arange(qb.block_n, hint="rows_n")
+        offs_n = ib.add(start_n, rows_n, hint="offs_n")
         kv_ok = ib.cmp("<", offs_n, qb.nk, hint="kv_ok") if masked else None
-        k = qb.k
+        n_off = ib.cast(start_n, i64, hint="n_off")
+        k, v = qb.k, qb.v
+        k_blk = ib.add(qb.k_base, ib.mul(n_off, k.strides[2]), hint="k_blk")
 
         def load_k(chans: SSAValue) -> SSAValue:
-            return self.qk.load_tile(ib, qb.k_base, offs_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
+            return self.qk.load_tile(ib, k_blk, rows_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
 
         if self.k_placement == Placement.KV_LOOP:
             k_x = self.qk.transformed(ib, p, self.chains.k_chain, load_k, offs_n, kv_ok, False, "k")
@@ -383,7 +417,7 @@ class Lowering:
             valid = ib.and_(ib.row(qb.row_ok), kv_ok_col)
         else:
             kv_ok_col = valid = ib.row(qb.row_ok)
-        ctx = ScoreCtx(qb.b, qb.h, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q)
+        ctx = ScoreCtx(qb.b, qb.h, qb.b_off, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q)
         s = self.score_ops(ib, p, s, ctx, masked)
         if not self.log2e_folded:
             s = ib.mul(s, LOG2E, hint="s2")
@@ -395,9 +429,9 @@ class Lowering:
         alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
         l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", pr, 1), hint="l_new")
         acc_s = ib.mul(c["acc"], ib.row(alpha), hint="acc_scaled")
-        v = qb.v
+        v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
         v_ptr = ib.add(
-            ib.add(qb.v_base, ib.mul(ib.row(offs_n), v.strides[2])),
+            ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])),
             ib.mul(ib.col(qb.offs_dv), v.strides[3]),
             hint="v_ptr",
         )
@@ -415,7 +449,9 @@ class Lowering:
         if sink_arg is not None:
             sink = self.tensor(p, sink_arg)
             sk = kb.mul(
-                kb.cast(kb.load(kb.add(sink.ptr, kb.mul(qb.h, sink.strides[0])), hint="sink"), f32), LOG2E, hint="sink2"
+                kb.cast(kb.load(kb.add(sink.ptr, kb.mul(qb.h_off, sink.strides[0])), hint="sink"), f32),
+                LOG2E,
+                hint="sink2",
             )
             m_new = kb.maximum(m_i, sk, hint="m_sink")
             alpha = kb.unary(tl.Exp2Op, kb.sub(m_i, m_new))
@@ -426,9 +462,11 @@ class Lowering:
         l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
         out = kb.cast(kb.div(acc, kb.row(l_safe)), self.dtype, hint="out")
         o = qb.out
+        o_bh = kb.add(kb.add(o.ptr, kb.mul(qb.b_off, o.strides[0])), kb.mul(qb.h_off, o.strides[1]))
+        o_base = kb.add(o_bh, kb.mul(qb.m_off, o.strides[2]), hint="o_base")
         o_ptr = kb.add(
-            kb.add(kb.add(o.ptr, kb.mul(qb.b, o.strides[0])), kb.mul(qb.h, o.strides[1])),
-            kb.add(kb.mul(kb.row(qb.offs_m), o.strides[2]), kb.mul(kb.col(qb.offs_dv), o.strides[3])),
+            o_base,
+            kb.add(kb.mul(kb.row(qb.rows_m), o.strides[2]), kb.mul(kb.col(qb.offs_dv), o.strides[3])),
             hint="o_ptr",
         )
         omask = kb.row(qb.row_ok)
@@ -438,7 +476,8 @@ class Lowering:
         # log2 of l_safe, not l: an empty row's lse is -inf without evaluating log2(0).
         lse = kb.mul(kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), LN2)
         lse = kb.where(empty, NEG_INF, lse, hint="lse")
-        kb.store(kb.add(qb.lse, kb.add(kb.mul(qb.pid_bh, qb.nq), qb.offs_m)), lse, qb.row_ok)
+        lse_row = kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
+        kb.store(kb.add(kb.add(qb.lse, lse_row, hint="lse_base"), qb.rows_m), lse, qb.row_ok)
 
     # ------------------------------------------------------------------ the pre-rotation kernel
     def rotate_kernel(self) -> KernelCall:
@@ -454,25 +493,34 @@ class Lowering:
         block_n = p.param("BLOCK_N", i32, str(PREROTATE.block_n), constexpr=True)
         pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
         pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-        b = kb.floordiv(pid_bh, self.hkv, hint="b")
-        hk = kb.rem(pid_bh, self.hkv, hint="h_kv")
-        offs_n = kb.add(kb.mul(pid_n, block_n), kb.arange(block_n), hint="offs_n")
+        b_off = kb.cast(kb.floordiv(pid_bh, self.hkv), i64, hint="b_off")
+        hk_off = kb.cast(kb.rem(pid_bh, self.hkv), i64, hint="hk_off")
+        n_start = kb.mul(pid_n, block_n, hint="n_start")
+        n_off = kb.cast(n_start, i64, hint="n_off")
+        rows = kb.arange(block_n, hint="rows_n")
+        offs_n = kb.add(n_start, rows, hint="offs_n")
         ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
-        base = kb.add(kb.add(k.ptr, kb.mul(b, k.strides[0])), kb.mul(hk, k.strides[1]), hint="k_base")
+
+        def base_of(ptr: SSAValue, strides: list[SSAValue], hint: str) -> SSAValue:
+            """The tile's first row: batch, head and row offsets in int64."""
+            bh = kb.add(kb.add(ptr, kb.mul(b_off, strides[0])), kb.mul(hk_off, strides[1]))
+            return kb.add(bh, kb.mul(n_off, strides[2]), hint=hint)
+
+        base = base_of(k.ptr, k.strides, "k_base")
         k_x = self.qk.transformed(
             kb,
             p,
             chains.k_chain,
-            lambda chans: self.qk.load_tile(kb, base, offs_n, ok, k.strides[2], k.strides[3], chans, True, "k"),
+            lambda chans: self.qk.load_tile(kb, base, rows, ok, k.strides[2], k.strides[3], chans, True, "k"),
             offs_n,
             ok,
             True,
             "k",
         )
         offs_d = kb.arange(self.dpad, hint="offs_d")
-        out_base = kb.add(kb.add(k_rot_ptr, kb.mul(b, k_rot_strides[0])), kb.mul(hk, k_rot_strides[1]))
+        out_base = base_of(k_rot_ptr, k_rot_strides, "k_rot_base")
         ptr = kb.add(
-            kb.add(out_base, kb.mul(kb.row(offs_n), k_rot_strides[2])),
+            kb.add(out_base, kb.mul(kb.row(rows), k_rot_strides[2])),
             kb.mul(kb.col(offs_d), k_rot_strides[3]),
             hint="k_rot_ptr",
         )

@@ -32,26 +32,21 @@ class RopeLayout:
     rotary_dim: int
 
 
-def rope_layout(ropes: Sequence[attn.RopeOp]) -> RopeLayout | None:
-    """The single rope layout of a variant (q and k must agree to meet in one dot)."""
+def rope_layout(ops: Sequence[Operation]) -> RopeLayout | None:
+    """The rope layout of a q or k chain (None without an attn.rope). q's and k's may
+    differ: each tile is rotated on its own before the dot."""
+    ropes = [op for op in ops if isinstance(op, attn.RopeOp)]
+    if len(ropes) > 1:
+        raise DiagnosticException("the Triton lowering applies at most one attn.rope to q and to k")
     if not ropes:
         return None
-    layouts = {(r.style.data.value, r.rotary_dim.value.data) for r in ropes}
-    if len(layouts) > 1:
-        raise DiagnosticException(
-            "the Triton lowering needs every attn.rope of a variant to share style and rotary_dim, "
-            f"got {sorted(layouts)}"
-        )
-    style, rdim = layouts.pop()
-    return RopeLayout(style, rdim)
+    return RopeLayout(ropes[0].style.data.value, ropes[0].rotary_dim.value.data)
 
 
 @dataclass
 class QKTransforms:
     """Builds the transforms of q and k tiles for the kernels of one variant."""
 
-    layout: RopeLayout | None
-    """The channel pairs of every attn.rope of the variant."""
     d: int
     """The head dim."""
     tensor: Callable[[Params, SSAValue], TensorParam]
@@ -76,10 +71,9 @@ class QKTransforms:
         )
 
     # ------------------------------------------------------------------ pre-matmul chains
-    def channels(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue | None]:
-        """(channel index tile [D padded], each channel's RoPE partner or None)."""
+    def channels(self, kb: KernelBuilder, layout: RopeLayout | None) -> tuple[SSAValue, SSAValue | None]:
+        """(channel index tile [D padded], each channel's RoPE partner under `layout`, or None)."""
         offs_d = kb.arange(self.dpad, hint="offs_d")
-        layout = self.layout
         if layout is None:
             return offs_d, None
         r, half = layout.rotary_dim, layout.rotary_dim // 2
@@ -137,7 +131,8 @@ class QKTransforms:
         ops, so the rotation needs no data movement between channels. `prefix` names the
         values; `signed_pos`: positions may be negative (queries when Nq > Nk), so the
         tables are read at |pos| and sin takes the position's sign."""
-        offs_d, partner_d = self.channels(kb)
+        layout = rope_layout(ops)
+        offs_d, partner_d = self.channels(kb, layout)
         x = kb.cast(load(offs_d), f32)
         has_rope = any(isinstance(op, attn.RopeOp) for op in ops)
         xp = kb.cast(load(partner_d), f32) if has_rope and partner_d is not None else None
@@ -165,8 +160,8 @@ class QKTransforms:
                     x = kb.mul(x, weight(offs_d), hint=f"{prefix}_weighted")
                     xp = kb.mul(xp, weight(partner_d)) if xp is not None and partner_d is not None else None
             elif isinstance(op, attn.RopeOp):
-                assert xp is not None and partner_d is not None
-                x = self.rotated(kb, p, op, x, xp, offs_d, pos, tok_ok, tokens_first, prefix, signed_pos)
+                assert xp is not None and partner_d is not None and layout is not None
+                x = self.rotated(kb, p, op, layout, x, xp, offs_d, pos, tok_ok, tokens_first, prefix, signed_pos)
                 xp = None
             else:
                 raise DiagnosticException(f"'{op.name}' cannot transform q or k")
@@ -177,6 +172,7 @@ class QKTransforms:
         kb: KernelBuilder,
         p: Params,
         op: attn.RopeOp,
+        layout: RopeLayout,
         x: SSAValue,
         xp: SSAValue,
         offs_d: SSAValue,
@@ -186,11 +182,10 @@ class QKTransforms:
         prefix: str,
         signed_pos: bool,
     ) -> SSAValue:
-        """x * cos + partner(x) * sign * sin, for the channel pairs of `self.layout`."""
-        assert self.layout is not None
+        """x * cos + partner(x) * sign * sin, for the channel pairs of `layout`."""
         tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
-        r, half = self.layout.rotary_dim, self.layout.rotary_dim // 2
-        interleaved = self.layout.style == "interleaved"
+        r, half = layout.rotary_dim, layout.rotary_dim // 2
+        interleaved = layout.style == "interleaved"
         pair = kb.floordiv(offs_d, 2) if interleaved else kb.rem(offs_d, half)
         first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
         sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")

@@ -3,6 +3,15 @@
 Each op of `attn.REGION_OPS` has a builder in `REGION_LOWERINGS`: it receives the op's
 operands already lowered (tiles over the block's queries and keys, or scalars) and
 returns the op's value. Region integers are i32 in the kernel (positions and indices).
+
+Two cases are defined as in the reference executor (attnfuse/reference.py), so that every
+backend gives one answer:
+- integer division by zero: `x divsi 0 = x floordivsi 0 = 0` and `x remsi 0 = x` (so
+  x = (x / y) * y + x % y still holds); the kernel divides by 1 where the divisor is 0
+  and selects the defined result;
+- `attn.extract` outside the tensor's bounds (any index < 0 or >= its size) reads 0
+  (false for a bool tensor): the load is masked to the bounds. Its address is computed
+  in int64, as the tensor may pass 2^31 elements.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import arith, math
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, f32, i1, i32
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, f32, i1, i32, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -80,12 +89,45 @@ def _constant(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEn
     raise DiagnosticException(f"unsupported constant {val} in a region")
 
 
+def _nonzero_constant(x: SSAValue) -> bool:
+    owner = x.owner
+    return isinstance(owner, tl.ConstantOp) and owner.literal != 0
+
+
+def _divisor(kb: KernelBuilder, y: SSAValue) -> tuple[SSAValue | None, SSAValue]:
+    """(where y is 0, or None when y is a nonzero constant; y with 1 for 0): a division
+    by the second is defined everywhere, and its result is replaced where y is 0."""
+    if _nonzero_constant(y):
+        return None, y
+    zero = kb.cmp("==", y, 0)
+    return zero, kb.where(zero, 1, y)
+
+
+def _by_zero(kb: KernelBuilder, zero: SSAValue | None, value: Value, result: SSAValue) -> SSAValue:
+    """`result`, or `value` where the divisor was 0."""
+    return result if zero is None else kb.where(zero, value, result)
+
+
+def _divsi(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
+    """Truncating, as arith.divsi and Triton's //; x / 0 = 0."""
+    zero, y = _divisor(kb, o[1])
+    return _by_zero(kb, zero, 0, kb.floordiv(o[0], y))
+
+
+def _remsi(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
+    """The sign of the dividend, as arith.remsi and Triton's %; x % 0 = x."""
+    zero, y = _divisor(kb, o[1])
+    return _by_zero(kb, zero, o[0], kb.rem(o[0], y))
+
+
 def _floordivsi(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
-    """Python's // truncates in Triton: step down where the signs differ and a remainder is left."""
-    q = kb.floordiv(o[0], o[1])
-    r = kb.rem(o[0], o[1])
-    adjust = kb.and_(kb.cmp("!=", r, 0), kb.cmp("!=", kb.cmp("<", o[0], 0), kb.cmp("<", o[1], 0)))
-    return kb.sub(q, kb.cast(adjust, i32))
+    """Python's // truncates in Triton: step down where the signs differ and a remainder is
+    left; x // 0 = 0."""
+    zero, y = _divisor(kb, o[1])
+    q = kb.floordiv(o[0], y)
+    r = kb.rem(o[0], y)
+    adjust = kb.and_(kb.cmp("!=", r, 0), kb.cmp("!=", kb.cmp("<", o[0], 0), kb.cmp("<", y, 0)))
+    return _by_zero(kb, zero, 0, kb.sub(q, kb.cast(adjust, i32)))
 
 
 CMPI_OPERATORS = {
@@ -176,15 +218,20 @@ def _powf(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -
 
 
 def _extract(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
-    """A load from the extra tensor; masked to the valid pairs when a tile indexes it."""
+    """A load from the extra tensor at int64 offsets, masked to the tensor's bounds (an
+    index outside them reads 0) and, when a tile indexes it, to the valid pairs."""
     assert isinstance(op, attn.ExtractOp)
     t = env.extras[op.tensor]
     ptr = t.ptr
+    inside: SSAValue | None = None
     tile_index = False
-    for idx, stride in zip(o[1:], t.strides, strict=True):
-        ptr = kb.add(ptr, kb.mul(idx, stride))
+    for idx, stride, size in zip(o[1:], t.strides, t.sizes, strict=True):
+        ok = kb.and_(kb.cmp(">=", idx, 0), kb.cmp("<", idx, size))
+        inside = ok if inside is None else kb.and_(inside, ok)
+        ptr = kb.add(ptr, kb.mul(kb.cast(idx, i64), stride))
         tile_index |= tl.is_tile(idx.type)
-    return kb.load(ptr, env.valid if tile_index else None, 0)
+    mask = kb.and_(env.valid, inside) if tile_index and inside is not None else inside
+    return kb.load(ptr, mask, 0)
 
 
 REGION_LOWERINGS: dict[type[Operation], RegionLowering] = {
@@ -194,9 +241,9 @@ REGION_LOWERINGS: dict[type[Operation], RegionLowering] = {
     arith.AddiOp: _binary(KernelBuilder.add),
     arith.SubiOp: _binary(KernelBuilder.sub),
     arith.MuliOp: _binary(KernelBuilder.mul),
-    arith.DivSIOp: _binary(KernelBuilder.floordiv),  # truncating, as arith.divsi
+    arith.DivSIOp: _divsi,
     arith.FloorDivSIOp: _floordivsi,
-    arith.RemSIOp: _binary(KernelBuilder.rem),
+    arith.RemSIOp: _remsi,
     arith.MaxSIOp: _binary(KernelBuilder.maximum),
     arith.MinSIOp: _binary(KernelBuilder.minimum),
     arith.AndIOp: _binary(KernelBuilder.and_),

@@ -52,10 +52,12 @@ class Params:
 
 @dataclass
 class TensorParam:
-    """A tensor argument of a kernel: its pointer and one stride per dimension."""
+    """A tensor argument of a kernel: its pointer, one stride per dimension and, when the
+    kernel masks loads to the tensor's bounds, one size per dimension."""
 
     ptr: SSAValue
     strides: list[SSAValue]
+    sizes: list[SSAValue] = field(default_factory=list)
 
 
 class KernelBuilder:

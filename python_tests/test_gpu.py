@@ -9,6 +9,10 @@ executor in float64 on the CPU (same inputs), in bf16 and fp16.
 - The runtime on the `triton` backend: inputs requiring grad are refused, degenerate
   shapes (no keys, no queries, B = 0), first calls from several threads at once, and a
   kernel read back from the disk cache.
+- 64-bit addressing: a KV cache of more than 2^31 elements (B=5, H=32, N=128k, D=128
+  bf16; 11 GB for k and v, 16 GB with K's rotated copy), causal with and without RoPE,
+  the whole batch and a slice holding its last element, against SDPA in float32.
+- Out-of-range indices: a table read past its end and integer division by zero.
 
 (The named variants of `attnfuse.variants` have their GPU test in test_variants.py.)
 All tests are marked `gpu` and skipped without CUDA. On the GPU machine:
@@ -331,6 +335,123 @@ def test_a_kernel_read_back_from_the_disk_cache(fresh_cache: Path) -> None:
             torch.cuda.synchronize()
             assert_matches(out, ref, torch.float16, "disk entry")
         assert af.runtime.stats()["disk_loads"] == loads + 1
+
+
+# ----------------------------------------------------------------------------- 64-bit offsets (issue 10, item 3)
+
+# A KV cache of B=5, H=32, N=128k, D=128 in bf16: 2.7e9 elements (5.4 GB) per tensor, past
+# 2^31, so b * stride(0) overflows int32 from the fourth batch element on.
+BIG_B, BIG_H, BIG_N, BIG_D, BIG_NQ = 5, 32, 131072, 128, 16
+ROPE_128 = "attn.rope {x} half theta = 10000.0 rotary_dim = 128"
+
+
+@pytest.fixture(scope="module")
+def big_cache() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """q [5, 32, 16, 128] and k, v [5, 32, 131072, 128] bf16 on the GPU (11 GB). v's channel 0
+    is b * 32 + h and its channel 1 the key's position / N, so a read from the wrong
+    batch, head or row changes the output; q is scaled so that attention is peaked."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs 40 GiB of GPU memory")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (BIG_B, BIG_H, BIG_N, BIG_D)
+    k = torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_(generator=g)
+    v = torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_(generator=g)
+    v[..., 0] = (torch.arange(BIG_B, device="cuda")[:, None] * BIG_H + torch.arange(BIG_H, device="cuda")).view(
+        BIG_B, BIG_H, 1
+    )
+    v[..., 1] = torch.arange(BIG_N, device="cuda") / BIG_N
+    q = (2 * torch.randn(BIG_B, BIG_H, BIG_NQ, BIG_D, device="cuda", generator=g)).to(torch.bfloat16)
+    assert k.numel() > 2**31
+    yield q, k, v
+    del q, k, v
+    torch.cuda.empty_cache()
+
+
+def rope_half(x: torch.Tensor, first_pos: int) -> torch.Tensor:
+    """Half-style RoPE (theta 10000, all 128 channels) of x [H, N, D] at positions
+    first_pos.., in float32 (angles in float64)."""
+    n, d = x.shape[-2], x.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    angle = torch.arange(first_pos, first_pos + n, dtype=torch.float64, device=x.device)[:, None] * inv_freq
+    cos, sin = angle.cos().float(), angle.sin().float()
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def big_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: bool) -> torch.Tensor:
+    """Causal attention of one batch element (q [H, Nq, D], k, v [H, N, D]) in float32 on
+    the GPU, queries at the last Nq positions: SDPA's math with an explicit mask."""
+    nq, n = q.shape[1], k.shape[1]
+    qf, kf = q.float(), k.float()
+    if rope:
+        qf, kf = rope_half(qf, n - nq), rope_half(kf, 0)
+    keep = torch.arange(n, device=q.device)[None, :] <= torch.arange(n - nq, n, device=q.device)[:, None]
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(qf, kf, v.float(), attn_mask=keep)
+
+
+@pytest.mark.parametrize("rope_mode", [None, "prerotate", "fused"], ids=["causal", "rope-prerotate", "rope-fused"])
+def test_tensor_past_2_31_elements(big_cache: tuple[torch.Tensor, ...], rope_mode: str | None, folder: Path) -> None:
+    """Causal attention (with RoPE: both K placements) over a KV cache of more than 2^31
+    elements, the whole batch and a slice holding its last element, against SDPA."""
+    q, k, v = big_cache
+    rope = rope_mode is not None
+    ir = variant(
+        dtype=torch.bfloat16,
+        hq=BIG_H,
+        hkv=BIG_H,
+        d=BIG_D,
+        q_ops=[ROPE_128] if rope else [],
+        k_ops=[ROPE_128] if rope else [],
+        score_ops=[CAUSAL],
+    )
+    options = {"rope_mode": rope_mode} if rope else {}
+    compiled = compile_module(parse_module(ir), sm=device_sm(), seq_len=BIG_N, **options)
+    kern = load_source(compiled.source, folder, interpret=False)
+    out, _ = kern.launch(q, k, v)
+    last, _ = kern.launch(q[-1:], k[-1:], v[-1:])  # a batch slice: its own base pointer
+    torch.cuda.synchronize()
+    tol = TOL[torch.bfloat16]
+    for b in range(BIG_B):
+        ref = big_reference(q[b], k[b], v[b], rope).double()
+        err = ((out[b].double() - ref).abs() - tol * ref.abs()).max().item()
+        assert err <= tol, f"batch element {b}: max |out - ref| - tol |ref| = {err:.3e}"
+        if b == BIG_B - 1:
+            err = ((last[0].double() - ref).abs() - tol * ref.abs()).max().item()
+            assert err <= tol, f"the slice k[{b}:]: max |out - ref| - tol |ref| = {err:.3e}"
+    channel0 = (torch.arange(BIG_B, device="cuda")[:, None] * BIG_H + torch.arange(BIG_H, device="cuda")).double()
+    assert torch.allclose(out[..., 0].double(), channel0[..., None].expand(-1, -1, BIG_NQ), rtol=1e-2)
+    del out, last
+
+
+# ----------------------------------------------------------------------------- out-of-range indices (item 4)
+
+
+@af.variant
+def next_key_bias(q, k, v, tab):
+    s = af.bias(af.qk(q, k), lambda b, h, q_idx, kv_idx: tab[h, kv_idx + 1])
+    return af.pv(af.softmax(s), v)
+
+
+@af.variant
+def modulo_by_zero(q, k, v):
+    s = af.score_mod(
+        af.qk(q, k), lambda x, b, h, q_idx, kv_idx: x + (q_idx // (kv_idx % 3)) * 0.1 + (q_idx % (kv_idx % 3)) * 0.01
+    )
+    return af.pv(af.softmax(s), v)
+
+
+def test_out_of_range_indices_on_the_gpu(fresh_cache: Path) -> None:
+    """A table read one key past its end (0 there) and integer // and % by zero
+    (x // 0 = 0, x % 0 = x) give the reference's answer on the triton backend."""
+    q, k, v = cuda_qkv(nq=100, nk=200)
+    tab = torch.randn(HQ, 200, device="cuda")
+    for fn, args in ((next_key_bias, (q, k, v, tab)), (modulo_by_zero, (q, k, v))):
+        ref, _ = run_reference_with_lse(fn.ir(*args), *(a.cpu() for a in args))
+        with af.backend("triton"):
+            out = fn(*args)
+        torch.cuda.synchronize()
+        assert_matches(out, ref, torch.float16, fn.__name__)
 
 
 if __name__ == "__main__":

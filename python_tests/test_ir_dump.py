@@ -79,9 +79,12 @@ def test_a_skipped_stage_writes_no_file(tmp_path):
 
 
 def test_a_failing_stage_leaves_the_stages_before_it(tmp_path):
-    mixed = VARIANT.replace("%k half theta", "%k interleaved theta")
-    with pytest.raises(Exception, match="share style"):
-        compile_module(parse_module(mixed), sm=0, dump_ir=tmp_path)
+    k_twice = VARIANT.replace(
+        "  %kr = attn.rope %k half",
+        "  %k1 = attn.rope %k half theta = 500.0 rotary_dim = 16 : tensor<?x2x?x16xf32>\n  %kr = attn.rope %k1 half",
+    )
+    with pytest.raises(Exception, match="at most one attn.rope"):
+        compile_module(parse_module(k_twice), sm=0, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "00-input.mlir",
         "01-rope-fusion.mlir",

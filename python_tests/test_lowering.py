@@ -179,6 +179,23 @@ def test_rope_causal(kdir, style, mode):
     assert ("def rotate_k(" in source) == (mode == "prerotate")
 
 
+# q's and k's ropes need not agree: each tile is rotated on its own before the dot.
+ROPE_PAIRS = {
+    "half_interleaved": (rope("half"), rope("interleaved")),
+    "interleaved_half_16": (rope("interleaved"), rope("half", 16)),
+    "partial_q_only": (rope("half", 16), None),
+    "k_only": (None, rope("interleaved", 16, " scaling = #attn.rope_scaling<linear, factor = 2.0>")),
+}
+
+
+@pytest.mark.parametrize("mode", ["fused", "prerotate"])
+@pytest.mark.parametrize("pair", list(ROPE_PAIRS))
+def test_q_and_k_ropes_of_different_layouts(kdir, pair, mode):
+    q_rope, k_rope = ROPE_PAIRS[pair]
+    ir = variant(q_ops=[q_rope] if q_rope else [], k_ops=[k_rope] if k_rope else [], score_ops=[CAUSAL])
+    check(ir, qkv(nq=40, nk=50), kdir, rope_mode=mode)
+
+
 @pytest.mark.parametrize("mode", ["fused", "prerotate"])
 def test_rope_causal_f32(kdir, mode):
     ir = variant(dtype=F32, hq=4, hkv=2, q_ops=[rope()], k_ops=[rope()], score_ops=[CAUSAL])

@@ -770,19 +770,21 @@ def test_interpret_prefix_lm_scales_partial_rotary_inv_freq_custom_bias():
 
 def test_a_variant_the_lowering_cannot_compile():
     @af.variant
-    def mixed_styles(q, k, v):
-        q = af.rope(q, style="half")
-        k = af.rope(k, style="interleaved")
+    def k_rotated_twice(q, k, v):
+        q = af.rope(q)
+        k = af.rope(af.rope(k, theta=500.0))
         return af.pv(af.softmax(af.qk(q, k)), v)
 
     args = qkv()
     with (
         af.backend("interpret"),
-        pytest.raises(af.AttnFuseError, match=r"the Triton lowering cannot compile mixed_styles: .*share style"),
+        pytest.raises(
+            af.AttnFuseError, match=r"the Triton lowering cannot compile k_rotated_twice: .*at most one attn.rope"
+        ),
     ):
-        mixed_styles(*args)
+        k_rotated_twice(*args)
     with af.backend("reference"):
-        mixed_styles(*args)  # the reference backend runs what the dialect can say
+        k_rotated_twice(*args)  # the reference backend runs what the dialect can say
 
 
 def test_interpret_int64_ids_bool_table_and_math_functions():

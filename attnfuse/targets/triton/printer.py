@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerType, ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 from xdsl.utils.target import Target
@@ -204,6 +204,9 @@ class TritonPrinter:
                     f"tl.full([{dims}], {_literal(value.value.data)}, "  # type: ignore[attr-defined]
                     f"{dtype_name(tl.scalar_of(op.result.type))})"
                 )
+            case tl.CastOp() if isinstance(tl.scalar_of(op.result.type), IntegerType):
+                # A function, not a method: under the interpreter a loop's index is a Python int.
+                return f"tl.cast({e(op.input)}, {dtype_name(tl.scalar_of(op.result.type))})"
             case tl.CastOp():
                 return f"{e(op.input)}.to({dtype_name(tl.scalar_of(op.result.type))})"
             case tl.ExpandDimsOp():

@@ -30,10 +30,29 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK:           %h = tl.rem %pid_bh,
 // CHECK-NEXT:      %[[GROUP:.*]] = tl.constant 2 : i32
 // CHECK-NEXT:      %h_kv = tl.floordiv %h, %[[GROUP]]
+// Offsets that grow with a tensor are int64 (a KV cache may pass 2^31 elements): batch,
+// head and the Q block's first row, added to a scalar base pointer; the rows within the
+// block stay int32.
+// CHECK-NEXT:      %b_off = tl.cast %b : i32 -> i64
+// CHECK-NEXT:      %h_off = tl.cast %h : i32 -> i64
+// CHECK-NEXT:      %hk_off = tl.cast %h_kv : i32 -> i64
+// CHECK-NEXT:      %m_start = tl.mul %pid_m, %BLOCK_M : i32, i32 -> i32
+// CHECK-NEXT:      %m_off = tl.cast %m_start : i32 -> i64
+// CHECK-NEXT:      %rows_m = tl.arange %BLOCK_M
+// CHECK-NEXT:      %offs_m = tl.add %m_start, %rows_m
 // Queries are the last NQ positions.
 // CHECK:           %row_ok = tl.cmp "<" %offs_m, %NQ
 // CHECK-NEXT:      %q_shift = tl.sub %NK, %NQ
 // CHECK-NEXT:      %q_pos = tl.add %offs_m, %q_shift
+// CHECK-NEXT:      %[[QB:.*]] = tl.mul %b_off, %stride_q : i64, i32 -> i64
+// CHECK-NEXT:      %[[Q1:.*]] = tl.add %q, %[[QB]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
+// CHECK-NEXT:      %[[QH:.*]] = tl.mul %h_off, %stride_q_1 : i64, i32 -> i64
+// CHECK-NEXT:      %[[Q2:.*]] = tl.add %[[Q1]], %[[QH]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
+// CHECK-NEXT:      %[[QM:.*]] = tl.mul %m_off, %stride_q_2 : i64, i32 -> i64
+// CHECK-NEXT:      %q_base = tl.add %[[Q2]], %[[QM]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
+// CHECK:           %[[QR:.*]] = tl.expand_dims %rows_m axis 1
+// CHECK-NEXT:      %[[QRS:.*]] = tl.mul %[[QR]], %stride_q_2 : !tl.tile<i32>, i32 -> !tl.tile<i32>
+// CHECK-NEXT:      %{{.*}} = tl.add %q_base, %[[QRS]] : !tl.ptr<f16>, !tl.tile<i32> -> !tl.tile<!tl.ptr<f16>>
 
 // Q prologue: one load, the scale 1/sqrt(16) times log2(e) folded in, one cast.
 // CHECK:           %[[QX:.*]] = tl.load %q_ptr mask
@@ -52,6 +71,11 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // before them is statically empty for causal and is not emitted.)
 // CHECK:           %[[M1:.*]], %[[L1:.*]], %[[A1:.*]] = tl.for %start_n = %{{.*}} to %full_hi step %BLOCK_N iter_args(%{{.*}} = %m_i, %{{.*}} = %l_i, %{{.*}} = %acc)
 // CHECK-NOT:         mask
+// The KV block's first row in int64, its rows in int32.
+// CHECK:             %rows_n = tl.arange %BLOCK_N
+// CHECK-NEXT:        %n_off = tl.cast %start_n : i32 -> i64
+// CHECK-NEXT:        %[[KN:.*]] = tl.mul %n_off, %stride_k_2 : i64, i32 -> i64
+// CHECK-NEXT:        %k_blk = tl.add %k_base, %[[KN]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
 // CHECK:             %[[KF:.*]] = tl.load %k_ptr : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
 // CHECK-NEXT:        %s = tl.dot %q_tile, %[[KF]] : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NOT:         mask
@@ -59,6 +83,8 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK:             %p = tl.exp2
 // CHECK:             %alpha = tl.exp2
 // CHECK-NOT:         mask
+// CHECK:             %[[VN:.*]] = tl.mul %n_off, %stride_v_2 : i64, i32 -> i64
+// CHECK-NEXT:        %v_blk = tl.add %v_base, %[[VN]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
 // CHECK:             %[[VF:.*]] = tl.load %v_ptr : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
 // CHECK-NEXT:        %[[PF:.*]] = tl.cast %p : !tl.tile<f32> -> !tl.tile<f16>
 // CHECK-NEXT:        %acc_new = tl.dot %[[PF]], %[[VF]] acc %acc_scaled
@@ -67,7 +93,7 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 
 // The diagonal blocks: bounds and causal masks.
 // CHECK-NEXT:      %[[M2:.*]], %[[L2:.*]], %[[A2:.*]] = tl.for %start_n_1 = %full_hi to %kv_hi step %BLOCK_N iter_args(%{{.*}} = %[[M1]], %{{.*}} = %[[L1]], %{{.*}} = %[[A1]])
-// CHECK:             %kv_ok = tl.cmp "<" %offs_n_1, %NK
+// CHECK:             %kv_ok = tl.cmp "<" %offs_n, %NK
 // CHECK:             %causal = tl.cmp "<="
 // CHECK:             %s_masked = tl.where %causal,
 // CHECK:             tl.yield
@@ -80,12 +106,16 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK:           %l_safe = tl.where %empty_row, %{{.*}}, %[[L2]]
 // CHECK:           %[[O:.*]] = tl.truediv %[[A2]],
 // CHECK-NEXT:      %out = tl.cast %[[O]] : !tl.tile<f32> -> !tl.tile<f16>
+// CHECK:           %o_base = tl.add %{{.*}}, %{{.*}} : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
 // CHECK:           tl.store %out, %o_ptr mask
 // CHECK:           %[[LOG:.*]] = tl.log2 %l_safe
 // CHECK-NEXT:      %[[SUM:.*]] = tl.add %[[M2]], %[[LOG]]
 // CHECK-NEXT:      %[[LN2:.*]] = tl.constant 0.693147182 : f32
 // CHECK-NEXT:      %[[NAT:.*]] = tl.mul %[[SUM]], %[[LN2]]
 // CHECK:           %lse = tl.where %empty_row, %{{.*}}, %[[NAT]]
+// The log-sum-exp's row (b x h) x NQ in int64.
+// CHECK-NEXT:      %[[BH:.*]] = tl.cast %pid_bh : i32 -> i64
+// CHECK-NEXT:      %[[ROW:.*]] = tl.mul %[[BH]], %NQ : i64, i32 -> i64
 // CHECK:           tl.store %lse, %{{.*}} mask %row_ok
 // CHECK-NEXT:      tl.return
 // CHECK-NEXT:    }

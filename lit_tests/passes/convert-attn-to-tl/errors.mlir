@@ -13,19 +13,6 @@ func.func @no_tiling(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: ten
 
 // -----
 
-// q and k meet in one dot, so their ropes must pair the same channels.
-func.func @layouts(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?x2x?x16xf16>) -> tensor<?x2x?x16xf16> attributes {attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
-  %qr = attn.rope %q half theta = 10000.0 rotary_dim = 16 : tensor<?x2x?x16xf16>
-  %kr = attn.rope %k interleaved theta = 10000.0 rotary_dim = 16 : tensor<?x2x?x16xf16>
-  %s = attn.qk %qr, %kr : tensor<?x2x?x16xf16>, tensor<?x2x?x16xf16> -> !attn.scores<2>
-  %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
-  %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x16xf16> -> tensor<?x2x?x16xf16>
-  func.return %o : tensor<?x2x?x16xf16>
-}
-// CHECK: the Triton lowering needs every attn.rope of a variant to share style and rotary_dim, got [('half', 16), ('interleaved', 16)]
-
-// -----
-
 func.func @two_ropes(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?x2x?x16xf16>) -> tensor<?x2x?x16xf16> attributes {attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 16 : tensor<?x2x?x16xf16>
   %qr2 = attn.rope %qr half theta = 10000.0 rotary_dim = 16 : tensor<?x2x?x16xf16>

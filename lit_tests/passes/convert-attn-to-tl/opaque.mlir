@@ -26,7 +26,7 @@ func.func @document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tens
   func.return %o : tensor<?x2x?x16xf16>
 }
 
-// CHECK:         tl.kernel @attn_fwd({{.*}}, %BLOCK_M: i32 constexpr, %BLOCK_N: i32 constexpr, %ids: !tl.ptr<i32>, %stride_ids: i32, %stride_ids_1: i32, %t: !tl.ptr<i32>, %stride_t: i32) {
+// CHECK:         tl.kernel @attn_fwd({{.*}}, %BLOCK_M: i32 constexpr, %BLOCK_N: i32 constexpr, %ids: !tl.ptr<i32>, %stride_ids: i32, %stride_ids_1: i32, %t: !tl.ptr<i32>, %stride_t: i32, %size_t: i32) {
 // CHECK:           %doc_q = tl.load %{{.*}} mask %row_ok : !tl.tile<i1> {other = -1 : i32} : !tl.tile<!tl.ptr<i32>> -> !tl.tile<i32>
 // CHECK:           %[[M:.*]], %[[L:.*]], %[[A:.*]] = tl.for %start_n = %[[ZERO:.*]] to %NK step %BLOCK_N iter_args(%m_i_2 = %m_i, %l_i_2 = %l_i, %acc_2 = %acc)
 // CHECK:             %kv_ok = tl.cmp "<" %offs_n, %NK
@@ -35,7 +35,15 @@ func.func @document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tens
 // The region: kv_idx % 3 != 0 | t[kv_idx] > 0.
 // CHECK:             %[[REM:.*]] = tl.rem %{{.*}}, %{{.*}} : !tl.tile<i32>, i32 -> !tl.tile<i32>
 // CHECK:             %[[NE:.*]] = tl.cmp "!=" %[[REM]], %{{.*}} : !tl.tile<i32>, i32 -> !tl.tile<i1>
-// CHECK:             %[[T:.*]] = tl.load %{{.*}} mask %{{.*}} : !tl.tile<i1> {other = 0 : i32} : !tl.tile<!tl.ptr<i32>> -> !tl.tile<i32>
+// t is indexed at int64 offsets, the load masked to t's bounds (outside: 0) and the valid pairs.
+// CHECK:             %[[LO:.*]] = tl.cmp ">=" %[[KV:.*]], %{{.*}} : !tl.tile<i32>, i32 -> !tl.tile<i1>
+// CHECK-NEXT:        %[[HI:.*]] = tl.cmp "<" %[[KV]], %size_t : !tl.tile<i32>, i32 -> !tl.tile<i1>
+// CHECK-NEXT:        %[[IN:.*]] = tl.and %[[LO]], %[[HI]]
+// CHECK-NEXT:        %[[KV64:.*]] = tl.cast %[[KV]] : !tl.tile<i32> -> !tl.tile<i64>
+// CHECK-NEXT:        %[[OFF:.*]] = tl.mul %[[KV64]], %stride_t : !tl.tile<i64>, i32 -> !tl.tile<i64>
+// CHECK-NEXT:        %[[PTR:.*]] = tl.add %t, %[[OFF]]
+// CHECK-NEXT:        %[[OK:.*]] = tl.and %{{.*}}, %[[IN]]
+// CHECK-NEXT:        %[[T:.*]] = tl.load %[[PTR]] mask %[[OK]] : !tl.tile<i1> {other = 0 : i32} : !tl.tile<!tl.ptr<i32>> -> !tl.tile<i32>
 // CHECK-NEXT:        %[[GT:.*]] = tl.cmp ">" %[[T]], %{{.*}} : !tl.tile<i32>, i32 -> !tl.tile<i1>
 // CHECK-NEXT:        %[[OR:.*]] = tl.or %[[NE]], %[[GT]]
 // CHECK-NEXT:        %keep = tl.and %same_doc, %[[OR]]
@@ -49,4 +57,4 @@ func.func @document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tens
 
 // The launcher passes the extra tensors with their strides.
 // CHECK:         tl.launcher "launch"(["q", "k", "v", "ids", "t"]) {
-// CHECK:           tl.call "attn_fwd" grid {{.*}} args [{{.*}}, "32", "32", "ids", "ids.stride(0)", "ids.stride(1)", "t", "t.stride(0)"]
+// CHECK:           tl.call "attn_fwd" grid {{.*}} args [{{.*}}, "32", "32", "ids", "ids.stride(0)", "ids.stride(1)", "t", "t.stride(0)", "t.shape[0]"]

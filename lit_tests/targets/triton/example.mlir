@@ -37,7 +37,8 @@
 // CHECK:               tl.exp2(
 // CHECK-NOT:       for start_n_2 in range(
 // CHECK:           tl.store(o_ptr, out, mask=
-// CHECK:           tl.store({{.*}}Lse{{.*}}, lse, mask=row_ok)
+// CHECK:           lse_base = Lse + ((tl.cast(pid_bh, tl.int64) * NQ) + m_off)
+// CHECK-NEXT:      tl.store((lse_base + rows_m), lse, mask=row_ok)
 
 // CHECK:       def launch(q, k, v):
 // CHECK:           out = torch.empty((q.shape[0], 32, q.shape[2], 128,), dtype=torch.bfloat16, device=q.device)
