@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import torch
 from xdsl.dialects.builtin import (
@@ -98,23 +99,31 @@ def run_reference_with_lse(
     return executor.run() if empty is None else empty
 
 
+_Op = TypeVar("_Op", bound=Operation)
+
+
+def _first(func: FuncOp, cls: type[_Op]) -> _Op:
+    """The first op of class `cls` in `func` (the verifier guarantees there is one)."""
+    return next(op for op in func.walk() if isinstance(op, cls))
+
+
 def _without_queries_or_keys(func: FuncOp, ex: _Executor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The result of a call with no queries (Nq = 0) or no keys (Nk = 0), which the row
     reductions cannot take; None for other shapes. `out` is zeros [B, Hq, Nq, Dv], as for
     a row with every score masked, and `lse` what the softmax formula gives an empty row:
     -inf, or sink[h] with a sink. Both stay on the inputs' autograd graph (zero gradients)."""
-    ops = {type(op): op for op in func.walk() if isinstance(op, attn.QKOp | attn.SoftmaxOp | attn.PVOp)}
-    q = ops[attn.QKOp].q
+    qk, softmax, pv = _first(func, attn.QKOp), _first(func, attn.SoftmaxOp), _first(func, attn.PVOp)
+    q = qk.q
     while not isinstance(q, BlockArgument):
         q = q.owner.operands[0]  # type: ignore[union-attr]
     b, _, nq, _ = ex.values[q].shape  # type: ignore[attr-defined]
     if nq and ex.nk:
         return None
-    _, hq, _, dv = ops[attn.PVOp].output.type.get_shape()  # type: ignore[attr-defined]
+    _, hq, _, dv = pv.output.type.get_shape()  # type: ignore[attr-defined]
     floats = [x for x in ex.values.values() if isinstance(x, torch.Tensor) and x.is_floating_point()]
     zero = sum((x.flatten()[:0].sum() for x in floats), torch.zeros((), dtype=ex.dtype, device=ex.device))
     out = torch.zeros((b, hq, nq, dv), dtype=ex.dtype, device=ex.device) + zero
-    sink = ops[attn.SoftmaxOp].sink
+    sink = softmax.sink
     if sink is None:
         return out, torch.full((b, hq, nq), float("-inf"), dtype=ex.dtype, device=ex.device) + zero
     return out, ex.values[sink].view(1, hq, 1).expand(b, hq, nq) + zero  # type: ignore[attr-defined]
@@ -181,9 +190,10 @@ def _key_length(func: FuncOp, args: Sequence[torch.Tensor]) -> int:
     while not isinstance(value, BlockArgument):
         owner = value.owner
         if not isinstance(owner, attn.PRE_MATMUL_OPS):
+            found = owner.name if isinstance(owner, Operation) else "a block argument"
             raise AttnFuseError(
                 f"attn.qk k must be a function argument transformed only by attn.rope, attn.norm "
-                f"or attn.scale, found {owner.name}"
+                f"or attn.scale, found {found}"
             )
         value = owner.operands[0]
     return args[value.index].shape[2]
@@ -201,7 +211,8 @@ class _Executor:
         self.dtype = dtype
         self.device = args[0].device if args else torch.device("cpu")
         self.nk = _key_length(func, args)
-        self.values: dict[SSAValue, object] = {}
+        # Tensors, and the _Scores / _Probs of the score ops: a heterogeneous environment.
+        self.values: dict[SSAValue, Any] = {}
         for block_arg, a in zip(func.body.block.args, args, strict=True):
             self.values[block_arg] = self._load(a)
 
@@ -313,9 +324,9 @@ class _Executor:
             keep = kv_pos <= q_pos
         elif kind == "sliding_window":
             dist = q_pos - kv_pos
-            keep = (dist >= 0) & (dist < op.param.value.data)
+            keep = (dist >= 0) & (dist < cast(IntegerAttr, op.param).value.data)
         elif kind == "prefix_lm":
-            keep = (kv_pos < op.param.value.data) | (kv_pos <= q_pos)
+            keep = (kv_pos < cast(IntegerAttr, op.param).value.data) | (kv_pos <= q_pos)
         elif kind == "document":
             keep = self._document(op, s, q_pos, kv_pos)
         else:
@@ -417,7 +428,7 @@ class _Executor:
             return torch.tensor(value.value.data, dtype=self.dtype, device=self.device)
         raise AttnFuseError(f"the reference executor supports only scalar arith.constant, got {value}")
 
-    HANDLERS: dict[type[Operation], Callable[[_Executor, Operation], object]] = {
+    HANDLERS: dict[type[Operation], Callable[[_Executor, Any], object]] = {
         attn.RopeOp: _rope,
         attn.NormOp: _norm,
         attn.ScaleOp: _scale,
@@ -501,7 +512,7 @@ def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
 
 
 def _cmpi(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
-    pred = op.properties["predicate"].value.data
+    pred = cast(IntegerAttr, op.properties["predicate"]).value.data
     width = _width(op.operands[0].type)
     if pred >= 6:  # unsigned: compare the zero-extended values
         if width >= 64:  # flipping the sign bit maps unsigned order onto signed order
@@ -515,7 +526,7 @@ def _cmpi(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _cmpf(op: Operation, a: list[torch.Tensor]) -> torch.Tensor:
-    pred = op.properties["predicate"].value.data
+    pred = cast(IntegerAttr, op.properties["predicate"]).value.data
     x, y = a
     unordered = torch.isnan(x) | torch.isnan(y)
     if pred in (0, 15):  # false, true

@@ -37,7 +37,7 @@ import inspect
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from xdsl.ir import BlockArgument
@@ -593,7 +593,7 @@ class Variant:
             module = trace.module
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
-                tensors = extras if select is None else select(extras)
+                tensors = cast(tuple[torch.Tensor, ...], extras if select is None else select(extras))
                 return run_reference(module, q, k, v, *tensors, compute_dtype=torch.float32).to(q.dtype)
 
         else:

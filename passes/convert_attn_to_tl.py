@@ -164,7 +164,8 @@ class Lowering:
         self.vdtype = chains.v_type.get_element_type()
         self.dpad = pow2(self.d)
         self.qk = QKTransforms(self.d, self.tensor)
-        rope_layout(chains.q_chain), rope_layout(chains.k_chain)  # at most one attn.rope each
+        for chain in (chains.q_chain, chains.k_chain):
+            rope_layout(chain)  # raises unless the chain has at most one attn.rope
         self.k_placement: Placement | None = None
         """Where K's transforms run (rope-fusion's placement; without it, in the KV loop)."""
         for op in chains.k_chain:
@@ -210,7 +211,9 @@ class Lowering:
         head = [] if score is None else [score]
         index_args = [*head, ctx.b, ctx.h, ctx.q_idx, ctx.kv_idx]
         extra_args = op.body.blocks[0].args[len(index_args) :]
-        extras = {a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)}
+        extras: dict[SSAValue, TensorParam] = {
+            a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)
+        }
         return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid))
 
     def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: ScoreCtx, masked: bool) -> SSAValue:

@@ -39,7 +39,7 @@ import triton.language as tl
 def prelude_source() -> str:
     """The code of `prelude.py` after its docstring and imports, as every generated module
     carries it (read as text: printing must not import torch)."""
-    text = importlib.resources.files(__package__).joinpath("prelude.py").read_text(encoding="utf-8")
+    text = importlib.resources.files(__name__.rpartition(".")[0]).joinpath("prelude.py").read_text(encoding="utf-8")
     tree = ast.parse(text)
     first = next(s for s in tree.body[1:] if not isinstance(s, ast.Import | ast.ImportFrom))
     return "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
