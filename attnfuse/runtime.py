@@ -40,12 +40,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
-from xdsl.ir import BlockArgument
 from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse import cache, dsl
+from attnfuse import cache, dsl, validation
 from attnfuse.cache import KERNELS, KernelSpec, LoadedKernel, seq_bucket, use_compiler
-from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 
 __all__ = [
@@ -111,192 +109,6 @@ def clear_caches() -> None:
         v._traces.clear()
         v._hot.clear()
         v._last = None
-
-
-# --------------------------------------------------------------------------- validation
-
-_SIZE_NAMES = {"B": "the batch size", "Hq": "q's head count", "Nk": "the kv length"}
-
-
-def _check_qkv(q: object, k: object, v: object) -> None:
-    """Check q, k, v: tensors of rank 4, a supported shared dtype, one device,
-    consistent batch, heads, head dims and kv lengths."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise AttnFuseError(f"{name} must be a torch.Tensor [B, H, N, D], got {type(t).__name__}")
-        if t.dim() != 4:
-            raise AttnFuseError(f"{name} must have rank 4 [B, H, N, D], got shape {list(t.shape)}")
-        if t.shape[1] == 0 or t.shape[3] == 0:
-            what = "no heads (dim 1" if t.shape[1] == 0 else "head dim 0 (dim 3"
-            raise AttnFuseError(
-                f"{name} has {what} of [B, H, N, D]), shape {list(t.shape)}; attention needs at least one "
-                f"head of at least one channel"
-            )
-        if t.dtype not in dsl.QKV_DTYPES:
-            raise AttnFuseError(f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise AttnFuseError(f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k and v must share a dtype")
-        if t.device != q.device:
-            raise AttnFuseError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
-        if t.shape[0] != q.shape[0]:
-            raise AttnFuseError(f"{name} has batch size {t.shape[0]} but q has {q.shape[0]} (dim 0 of [B, H, N, D])")
-    if k.shape[3] != q.shape[3]:
-        raise AttnFuseError(f"k has head dim {k.shape[3]} but q has {q.shape[3]}: q and k must share the head dim")
-    if v.shape[1] != k.shape[1]:
-        raise AttnFuseError(f"v has {v.shape[1]} heads but k has {k.shape[1]}: k and v must share the head count")
-    if v.shape[2] != k.shape[2]:
-        raise AttnFuseError(
-            f"v has {v.shape[2]} kv positions (dim 2) but k has {k.shape[2]}: k and v must have the same length"
-        )
-    if q.shape[1] % k.shape[1]:
-        raise AttnFuseError(
-            f"q has {q.shape[1]} heads, which is not a multiple of k's {k.shape[1]} heads (GQA needs Hq % Hkv == 0)"
-        )
-
-
-def _check_extra_values(names: Sequence[str], q: torch.Tensor, extras: Sequence[object]) -> None:
-    """Extra arguments are tensors of a supported dtype on q's device, or hashable
-    constants."""
-    for name, x in zip(names, extras, strict=True):
-        if isinstance(x, torch.Tensor):
-            if x.dtype not in dsl.ELEMENT_TYPES:
-                raise AttnFuseError(
-                    f"{name} has dtype {x.dtype}; extra tensors must be float16, bfloat16, float32, "
-                    f"int32, int64 or bool"
-                )
-            if x.device != q.device:
-                raise AttnFuseError(
-                    f"{name} is on {x.device} but q is on {q.device}: all tensors must be on one device"
-                )
-        else:
-            try:
-                hash(x)
-            except TypeError:
-                raise AttnFuseError(
-                    f"{name} must be a tensor or a hashable constant (it is traced into the IR), "
-                    f"got a {type(x).__name__}"
-                ) from None
-
-
-def _tensor_specs(trace: dsl.Trace, n_given: int) -> list[tuple[int, dsl.ExtraSpec]]:
-    """(index among the given extras, spec) of each given extra tensor."""
-    return [(spec.position - 3, spec) for spec in trace.extras if spec is not None and spec.position - 3 < n_given]
-
-
-def _validate_extras(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> None:
-    """Check the given extra tensors against what the traced IR needs (device, shape),
-    raising `AttnFuseError` naming the argument and the expected size."""
-    sizes = {"B": q.shape[0], "Hq": q.shape[1], "Nk": k.shape[2]}
-    for i, spec in _tensor_specs(trace, len(extras)):
-        x = extras[i]
-        assert isinstance(x, torch.Tensor)
-        if x.device != q.device:
-            raise AttnFuseError(
-                f"{spec.name} is on {x.device} but q is on {q.device}: all tensors must be on one device"
-            )
-        shape = x.shape
-        if spec.static_shape is not None and shape != spec.static_shape:
-            raise AttnFuseError(
-                f"{spec.name} ({spec.static_reason}) must have shape {list(spec.static_shape)}, got {list(shape)}"
-            )
-        for dim, rel, size, why in spec.dim_reqs:
-            n = size if isinstance(size, int) else sizes[size]
-            if (shape[dim] != n) if rel == "eq" else (shape[dim] < n):
-                what = f"{n}" if isinstance(size, int) else f"{n} ({_SIZE_NAMES[size]})"
-                raise AttnFuseError(
-                    f"{spec.name} must have {'size' if rel == 'eq' else 'at least size'} {what} in dim {dim} "
-                    f"({why}), got shape {list(shape)}"
-                )
-
-
-_QKV_NAMES = ("q", "k", "v")
-_LENGTH_ROLES: dict[str, tuple[int, int] | None] = {}
-
-
-def _length_roles(trace: dsl.Trace) -> tuple[int, int] | None:
-    """(index among q, k, v of the tensor attn.qk reads as k, of the one attn.pv reads as
-    v) when their lengths are not already checked equal (one of them is q); else None.
-    Cached per traced IR."""
-    if trace.text not in _LENGTH_ROLES:
-        roles = None
-        qk = next(op for op in trace.module.walk() if isinstance(op, attn.QKOp))
-        pv = next(op for op in trace.module.walk() if isinstance(op, attn.PVOp))
-        key = qk.k
-        while not isinstance(key, BlockArgument):
-            key = key.owner.operands[0]  # type: ignore[union-attr]  (a pre-matmul transform)
-        if isinstance(pv.v, BlockArgument) and pv.v.index != key.index and 0 in (pv.v.index, key.index):
-            roles = (key.index, pv.v.index)
-        _LENGTH_ROLES[trace.text] = roles
-    return _LENGTH_ROLES[trace.text]
-
-
-def _check_pv_length(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """af.pv's v must have as many rows as af.qk's k (each key has its value), whichever of
-    q, k, v the variant passes them: nothing is launched otherwise."""
-    roles = _length_roles(trace)
-    if roles is None:
-        return
-    tensors = (q, k, v)
-    key, value = roles
-    nk, nv = tensors[key].shape[2], tensors[value].shape[2]
-    if nk != nv:
-        raise AttnFuseError(
-            f"af.pv's v ({_QKV_NAMES[value]}) has {nv} positions (dim 2) but af.qk's k ({_QKV_NAMES[key]}) has "
-            f"{nk}: v must have one row per key"
-        )
-
-
-def _with_length_check(
-    trace: dsl.Trace, check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None
-) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None:
-    """The hot path's `check`, also taking the slow path when `_check_pv_length` would
-    raise (k and v have one length there, so q's against k's decides)."""
-    if _length_roles(trace) is None:
-        return check
-    if check is None:
-        return lambda q, k, extras: q.shape[2] == k.shape[2]
-    return lambda q, k, extras: q.shape[2] == k.shape[2] and check(q, k, extras)
-
-
-_SIZE_INDEX = {"B": 0, "Hq": 1, "Nk": 2}
-
-
-def _extras_check(
-    trace: dsl.Trace, n_given: int
-) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None:
-    """The hot path's version of `_validate_extras`: True when the extras fit, False
-    to take the slow path (which raises the precise error); None when there is
-    nothing to check."""
-    compiled = []
-    for i, spec in _tensor_specs(trace, n_given):
-        reqs = tuple(
-            (dim, rel == "eq", -1, size) if isinstance(size, int) else (dim, rel == "eq", _SIZE_INDEX[size], 0)
-            for dim, rel, size, _ in spec.dim_reqs
-        )
-        compiled.append((i, spec.static_shape, reqs))
-    if not compiled:
-        return None
-
-    def check(q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> bool:
-        device, sizes = q.device, None
-        for i, static, reqs in compiled:
-            x = extras[i]
-            shape = x.shape  # type: ignore[attr-defined]
-            if x.device != device or (static is not None and shape != static):  # type: ignore[attr-defined]
-                return False
-            for dim, eq, index, n in reqs:
-                if index >= 0:
-                    if sizes is None:
-                        qs = q.shape
-                        sizes = (qs[0], qs[1], k.shape[2])
-                    n = sizes[index]
-                if (shape[dim] != n) if eq else (shape[dim] < n):
-                    return False
-        return True
-
-    return check
 
 
 # --------------------------------------------------------------------------- kernels
@@ -573,9 +385,9 @@ class Variant:
     def _validated_trace(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: Sequence[object]
     ) -> tuple[dsl.Trace, tuple[object, ...]]:
-        _check_qkv(q, k, v)
+        validation.check_qkv(q, k, v)
         full = self._bind(extras)
-        _check_extra_values(self.arg_names[3:], q, full)
+        validation.check_extra_values(self.arg_names[3:], q, full)
         return self._trace(q, k, v, full), full
 
     def _prepare(
@@ -583,8 +395,8 @@ class Variant:
     ) -> _Entry:
         backend_name = _check_backend(backend_name, "af.backend" if _backend_var.get() else "ATTNFUSE_BACKEND=")
         trace, full = self._validated_trace(q, k, v, extras)
-        _validate_extras(trace, q, k, extras)
-        _check_pv_length(trace, q, k, v)
+        validation.validate_extras(trace, q, k, extras)
+        validation.check_pv_length(trace, q, k, v)
         select = self._selector(full, len(extras))
         mode = _kernel_mode(backend_name, q)
         if mode == "reference":
@@ -606,7 +418,7 @@ class Variant:
                     _refuse_grad(self, mode, q, k, v, self._bind(extras))
                 return launch(q, k, v, *tensors)[0]
 
-        entry = _Entry(run, _with_length_check(trace, _extras_check(trace, len(extras))))
+        entry = _Entry(run, validation.with_length_check(trace, validation.extras_check(trace, len(extras))))
         self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
         return entry
 
@@ -656,17 +468,17 @@ class Variant:
         trace: dsl.Trace,
     ) -> tuple[object, ...]:
         """Validate a call of a compiled `Kernel`; returns the tensors after q, k, v."""
-        _check_qkv(q, k, v)
+        validation.check_qkv(q, k, v)
         full = self._bind(extras)
-        _check_extra_values(self.arg_names[3:], q, full)
+        validation.check_extra_values(self.arg_names[3:], q, full)
         got = self._signature(q, k, v, full)
         if got != signature:
             raise AttnFuseError(
                 f"this kernel of {self.__name__} was compiled for {_describe_signature(signature)}, "
                 f"got {_describe_signature(got)}; compile another with {self.__name__}.compile(...)"
             )
-        _validate_extras(trace, q, k, extras)
-        _check_pv_length(trace, q, k, v)
+        validation.validate_extras(trace, q, k, extras)
+        validation.check_pv_length(trace, q, k, v)
         return tuple(x for x in full if isinstance(x, torch.Tensor))
 
     # ---- public API
@@ -676,8 +488,8 @@ class Variant:
         interpreter otherwise (or as af.backend says: 'triton' or 'interpret')."""
         name = current_backend()
         trace, full = self._validated_trace(q, k, v, extras)
-        _validate_extras(trace, q, k, extras)
-        _check_pv_length(trace, q, k, v)
+        validation.validate_extras(trace, q, k, extras)
+        validation.check_pv_length(trace, q, k, v)
         if name in ("auto", "reference"):
             interpret = q.device.type != "cuda"
         else:
