@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     built = C.build_all(
         list(jobs.values()), 0 if args.cpu_smoke else args.workers, timeout_s=max(30.0, args.budget_s / 2)
     )
-    peers = BF.Peers("cpu" if args.cpu_smoke else "cuda", not args.cpu_smoke, None, args.window)
+    # flex compiled per shape (dynamic=False), as in the forward grid.
+    peers = BF.Peers("cpu" if args.cpu_smoke else "cuda", not args.cpu_smoke, False, args.window)
     runner = BF.Runner(args, peers, sm)
     device = "cpu" if args.cpu_smoke else "cuda"
     cases = [(shape, n) for shape in shapes for n in ns]

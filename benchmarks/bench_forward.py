@@ -14,11 +14,16 @@ Implementations (JSON key `impl`):
   score_mod for softcap / ALiBi; GQA through `enable_gqa`. For a variant with RoPE or
   QK-norm it computes the variant *without* them (the `core`), as in anchors.md.
 - `rope+flex`: the variant's pre-matmul transforms (RoPE, and QK-norm where the variant
-  has it) by a separate `torch.compile`d function, then `flex`.
+  has it) by a separate function compiled per shape (`torch.compile(dynamic=False)`: the
+  default recompiles a dynamic kernel several times slower), then `flex`. The RoPE alone is
+  timed too (`rope_only`, with its bandwidth: q and k read and written once).
 - `sdpa_flash`, `sdpa_cudnn` (and `rope+sdpa_...`): `scaled_dot_product_attention`
   under `sdpa_kernel(<backend>)` with `is_causal=True`; only for variants whose score
   part is plain causal. GQA through `enable_gqa=True`, or, where the backend refuses
   that, k/v expanded with repeat_interleave (noted in the row).
+- `hf_rope+sdpa_cudnn`: what a stock Hugging Face Llama runs (RoPE variants without QK-norm):
+  its eager `apply_rotary_pos_emb` (q * cos + rotate_half(q) * sin in the model's dtype,
+  cos/sin full-width), then SDPA cuDNN.
 
 Every output is first compared with the float32 formula of `common.reference_formula`
 (|out - ref| <= 2e-2 + 2e-2 |ref|); a failing row is marked WRONG and its time is not
@@ -129,6 +134,13 @@ class Peers:
             return lambda: self.pre_norm_rope(q, k, wq, wk, cos, sin)
         return lambda: self.pre_rope(q, k, cos, sin)
 
+    def hf_pre(self, inputs: C.Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """The eager RoPE of a stock Hugging Face model, on q and k."""
+        q, k = inputs.q, inputs.k
+        cos, sin = self.tables(q.shape[2], q.shape[3])
+        cos2, sin2 = torch.cat((cos, cos), -1).to(q.dtype), torch.cat((sin, sin), -1).to(q.dtype)
+        return lambda: _hf_rope(q, k, cos2, sin2)
+
     def flex_call(self, variant: C.BenchVariant, shape: C.Shape, n: int) -> Callable:
         """(q, k, v) -> out of the variant's score part through flex_attention."""
         score_mod = None
@@ -143,6 +155,16 @@ class Peers:
 
 def _pre_rope(q, k, cos, sin):
     return C.rope_half(q.float(), cos, sin).to(q.dtype), C.rope_half(k.float(), cos, sin).to(k.dtype)
+
+
+def _hf_rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _hf_rope(q, k, cos, sin):
+    """Hugging Face's eager apply_rotary_pos_emb (transformers' Llama), cos/sin [N, D] in q's dtype."""
+    return q * cos + _hf_rotate_half(q) * sin, k * cos + _hf_rotate_half(k) * sin
 
 
 def _pre_norm_rope(q, k, wq, wk, cos, sin):
@@ -302,18 +324,7 @@ class Runner:
         p = self.peers
         q, k, v = inputs.q, inputs.k, inputs.v
         core_ref = ref_core if variant.has_pre else ref
-        flex = p.flex_call(variant, shape, n)
-        self.measure(
-            base, "flex", lambda: flex(q, k, v), core_ref, flops, computes="core" if variant.has_pre else "full"
-        )
-        if variant.has_pre:
-            pre = p.pre(variant, inputs)
-
-            def rope_flex():
-                q2, k2 = pre()
-                return flex(q2, k2, v)
-
-            self.measure(base, "rope+flex", rope_flex, ref, flops, computes="full")
+        self.flex_rows(variant, p.flex_call(variant, shape, n), inputs, ref, core_ref, base, flops)
         if not variant.sdpa_expressible:
             return
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -356,6 +367,48 @@ class Runner:
                         return attn(q2, k2)
 
                     self.measure(base, "rope+" + name, rope_sdpa, ref, flops, computes="full", extra=extra)
+                if name in ("sdpa_cudnn", "sdpa_math") and variant.rope and not variant.qknorm:
+                    self.hf_row(base, name, attn, inputs, ref, flops, extra)
+
+    def flex_rows(self, variant, flex, inputs, ref, core_ref, base, flops) -> None:
+        """flex_attention, and for a variant with pre-matmul transforms the compiled separate
+        transform then flex, and that transform alone."""
+        q, k, v = inputs.q, inputs.k, inputs.v
+        computes = "core" if variant.has_pre else "full"
+        self.measure(base, "flex", lambda: flex(q, k, v), core_ref, flops, computes=computes)
+        if variant.has_pre:
+            pre = self.peers.pre(variant, inputs)
+
+            def rope_flex():
+                q2, k2 = pre()
+                return flex(q2, k2, v)
+
+            self.measure(base, "rope+flex", rope_flex, ref, flops, computes="full")
+            self.rope_only(base, pre, inputs)
+
+    def hf_row(self, base, name, attn, inputs, ref, flops, extra) -> None:
+        """A stock Hugging Face model's eager RoPE, then the SDPA backend `name`."""
+        hf = self.peers.hf_pre(inputs)
+
+        def hf_sdpa():
+            q2, k2 = hf()
+            return attn(q2, k2)
+
+        self.measure(base, "hf_rope+" + name, hf_sdpa, ref, flops, computes="full", extra=extra)
+
+    def rope_only(self, base: dict[str, Any], pre: Callable[[], Any], inputs: C.Inputs) -> None:
+        """Time the peers' separate pre-transform alone and record its bandwidth (TB/s: q and k
+        read once and written once)."""
+        row = {**base, "impl": "rope_only", "computes": "pre", "status": "ok"}
+        try:
+            pre()
+            ms = C.bench(pre, warmup=self.args.warmup, rep=self.args.rep)
+            moved = 2 * sum(x.numel() * x.element_size() for x in (inputs.q, inputs.k))
+            row.update(ms=ms, tb_s=moved / (ms * 1e-3) / 1e12)
+            C.log(f"    {'rope_only':22s} ok     {C.fmt(ms):>9s} ms  {row['tb_s']:.2f} TB/s")
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            row.update(ms=None, status="ERROR", error=f"{type(e).__name__}: {e}"[:2000])
+        self.rows.append(row)
 
     @staticmethod
     def _sdpa_gqa_mode(shape: C.Shape, q, k, v) -> str:
@@ -412,8 +465,24 @@ class Runner:
 # ----------------------------------------------------------------------------- tables
 
 
-PEER_COLUMNS = ("flex", "rope+flex", "sdpa_flash", "rope+sdpa_flash", "sdpa_cudnn", "rope+sdpa_cudnn", "sdpa_math")
-SPEEDUPS = (("rope+flex", "rope+flex"), ("rope+sdpa_cudnn", "rope+cuDNN"), ("flex", "flex"), ("sdpa_cudnn", "cuDNN"))
+PEER_COLUMNS = (
+    "flex",
+    "rope+flex",
+    "sdpa_flash",
+    "rope+sdpa_flash",
+    "sdpa_cudnn",
+    "rope+sdpa_cudnn",
+    "hf_rope+sdpa_cudnn",
+    "sdpa_math",
+    "hf_rope+sdpa_math",
+)
+SPEEDUPS = (
+    ("rope+flex", "rope+flex"),
+    ("rope+sdpa_cudnn", "rope+cuDNN"),
+    ("hf_rope+sdpa_cudnn", "HF eager rope+cuDNN"),
+    ("flex", "flex"),
+    ("sdpa_cudnn", "cuDNN"),
+)
 
 
 def cell(row: dict[str, Any] | None) -> str:
@@ -421,6 +490,8 @@ def cell(row: dict[str, Any] | None) -> str:
         return "—"
     if row.get("status") in ("WRONG", "ERROR"):
         return row["status"]
+    if row.get("tb_s") is not None:
+        return f"{row['ms']:.3f} ({row['tb_s']:.2f} TB/s)"
     t = row.get("tflops")
     return f"{row['ms']:.3f} ({t:.0f})" if t is not None else f"{row['ms']:.3f}"
 
@@ -431,8 +502,10 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: argparse.Nam
         C.env_markdown(env),
         f"\nCells: median ms (TFLOP/s). Speed-up = peer ms / AttnFuse (auto) ms; > 1: AttnFuse is faster. "
         f"`flex`/`sdpa_*` on a RoPE variant compute it without RoPE/QK-norm; `rope+X` adds a separate "
-        f"torch.compile'd pre-transform. Sliding window = {args.window}. WRONG: output failed the check "
-        f"against the float32 formula (time not valid).\n",
+        f"pre-transform compiled per shape (`rope_only`: that pre-transform alone, with its bandwidth); "
+        f"`hf_rope+sdpa_cudnn` is a stock Hugging Face model's eager RoPE then cuDNN. "
+        f"Sliding window = {args.window}. WRONG: output failed the check against the float32 formula "
+        f"(time not valid).\n",
     ]
     for shape in shapes.values():
         for vname in PRIORITY:
@@ -440,7 +513,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: argparse.Nam
             if not sel:
                 continue
             ns = sorted({r["n"] for r in sel})
-            impls = ["attnfuse", "attnfuse_fused", "attnfuse_prerotate"] + list(PEER_COLUMNS)
+            impls = ["attnfuse", "attnfuse_fused", "attnfuse_prerotate", *PEER_COLUMNS, "rope_only"]
             present = [i for i in impls if any(r["impl"] == i for r in sel)]
             out.append(f"\n## {shape.name} ({shape.describe()}), {vname}\n")
             head = ["N", *present]
