@@ -40,6 +40,7 @@ import argparse
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,8 @@ class Peers:
             # dynamic kernel that runs ~4x slower; the peers get their best configuration.
             self.pre_rope = torch.compile(_pre_rope, dynamic=False)
             self.pre_norm_rope = torch.compile(_pre_norm_rope, dynamic=False)
-        else:  # --cpu-smoke: eager (the formulas are the same functions)
+        else:  # --cpu-smoke: eager (the formulas are the same functions), unfused on purpose
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             self.flex, self.pre_rope, self.pre_norm_rope = flex_attention, _pre_rope, _pre_norm_rope
         win = window
 
