@@ -20,43 +20,58 @@ def inv_freq(
     base = [1.0 / (theta ** (i / r)) for i in range(0, r, 2)]
     if scaling is None:
         return base, 1.0
-    factor = params["factor"]
+    factor = float(params["factor"])
     if scaling == "linear":
         return [f / factor for f in base], 1.0
     if scaling == "llama3":
-        old = params.get("original_max_position", 8192.0)
-        low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
-        low_wavelen, high_wavelen = old / low, old / high
-        freqs = []
-        for f in base:
-            wavelen = 2 * math.pi / f
-            scaled = f / factor if wavelen > low_wavelen else f
-            if high_wavelen <= wavelen <= low_wavelen:  # between the bands: interpolate
-                smooth = (old / wavelen - low) / (high - low)
-                scaled = (1 - smooth) * scaled / factor + smooth * scaled
-            freqs.append(scaled)
-        return freqs, 1.0
+        return _llama3(base, factor, params), 1.0
     if scaling == "yarn":
-        old = params["original_max_position"]
-        beta_fast, beta_slow = params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)
-
-        def correction_dim(rotations: float) -> float:
-            return (r * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-        lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
-        if params.get("truncate", True):
-            lo, hi = math.floor(lo), math.ceil(hi)
-        lo, hi = max(lo, 0), min(hi, r - 1)
-        if lo == hi:
-            hi += 0.001
-        freqs = []
-        for i, f in enumerate(base):
-            ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
-            extrapolation = 1 - ramp
-            freqs.append((f / factor) * (1 - extrapolation) + f * extrapolation)
-        attn_factor = params.get("attention_factor", 0.0) or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
-        return freqs, attn_factor
+        return _yarn(base, theta, r, factor, params)
     raise ValueError(f"unknown rope scaling '{scaling}'")
+
+
+def _llama3(base: list[float], factor: float, params: dict[str, float | bool]) -> list[float]:
+    """Llama 3.1's scaling: long wavelengths divided by factor, short ones kept, a smooth
+    interpolation between the two bands."""
+    old = float(params.get("original_max_position", 8192.0))
+    low, high = float(params.get("low_freq_factor", 1.0)), float(params.get("high_freq_factor", 4.0))
+    low_wavelen, high_wavelen = old / low, old / high
+    freqs = []
+    for f in base:
+        wavelen = 2 * math.pi / f
+        scaled = f / factor if wavelen > low_wavelen else f
+        if high_wavelen <= wavelen <= low_wavelen:  # between the bands: interpolate
+            smooth = (old / wavelen - low) / (high - low)
+            scaled = (1 - smooth) * scaled / factor + smooth * scaled
+        freqs.append(scaled)
+    return freqs
+
+
+def _yarn(
+    base: list[float], theta: float, r: int, factor: float, params: dict[str, float | bool]
+) -> tuple[list[float], float]:
+    """YaRN: dims that rotate fewer than beta_slow times over the original context are
+    interpolated (divided by factor), those rotating more than beta_fast times are kept, a
+    linear ramp between; cos and sin are scaled by the attention factor."""
+    old = float(params["original_max_position"])
+    beta_fast, beta_slow = float(params.get("beta_fast", 32.0)), float(params.get("beta_slow", 1.0))
+
+    def correction_dim(rotations: float) -> float:
+        return (r * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, r - 1)
+    if lo == hi:
+        hi += 0.001
+    freqs = []
+    for i, f in enumerate(base):
+        ramp = min(max((i - lo) / (hi - lo), 0.0), 1.0)
+        extrapolation = 1 - ramp
+        freqs.append((f / factor) * (1 - extrapolation) + f * extrapolation)
+    attn_factor = float(params.get("attention_factor", 0.0)) or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return freqs, attn_factor
 
 
 def op_inv_freq(op: RopeOp) -> tuple[list[float], float]:
