@@ -395,8 +395,7 @@ class Variant:
     ) -> _Entry:
         backend_name = _check_backend(backend_name, "af.backend" if _backend_var.get() else "ATTNFUSE_BACKEND=")
         trace, full = self._validated_trace(q, k, v, extras)
-        validation.validate_extras(trace, q, k, extras)
-        validation.check_pv_length(trace, q, k, v)
+        validation.check_against_trace(trace, q, k, v, extras)
         select = self._selector(full, len(extras))
         mode = _kernel_mode(backend_name, q)
         if mode == "reference":
@@ -477,8 +476,7 @@ class Variant:
                 f"this kernel of {self.__name__} was compiled for {_describe_signature(signature)}, "
                 f"got {_describe_signature(got)}; compile another with {self.__name__}.compile(...)"
             )
-        validation.validate_extras(trace, q, k, extras)
-        validation.check_pv_length(trace, q, k, v)
+        validation.check_against_trace(trace, q, k, v, extras)
         return tuple(x for x in full if isinstance(x, torch.Tensor))
 
     # ---- public API
@@ -488,8 +486,7 @@ class Variant:
         interpreter otherwise (or as af.backend says: 'triton' or 'interpret')."""
         name = current_backend()
         trace, full = self._validated_trace(q, k, v, extras)
-        validation.validate_extras(trace, q, k, extras)
-        validation.check_pv_length(trace, q, k, v)
+        validation.check_against_trace(trace, q, k, v, extras)
         if name in ("auto", "reference"):
             interpret = q.device.type != "cuda"
         else:

@@ -147,6 +147,15 @@ def check_pv_length(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch
         )
 
 
+def check_against_trace(
+    trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: Sequence[object]
+) -> None:
+    """The checks that need the traced IR: the extra tensors' devices and shapes
+    (`validate_extras`) and af.pv's v length (`check_pv_length`)."""
+    validate_extras(trace, q, k, extras)
+    check_pv_length(trace, q, k, v)
+
+
 def with_length_check(
     trace: dsl.Trace, check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None
 ) -> Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None:
