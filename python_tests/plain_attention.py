@@ -141,3 +141,45 @@ def index_grids(b: int, h: int, nq: int, nk: int) -> tuple[torch.Tensor, ...]:
         qp.view(1, 1, nq, 1),
         kp.view(1, 1, 1, nk),
     )
+
+
+# --------------------------------------------------------------------------- score blocks
+# Added for the gradient tests (test_grad.py, test_grad_random.py): each is differentiable
+# by plain float64 autograd, as are `rope`, `rms_norm`, `scores` and `finish` above.
+
+
+def causal_keep(nq: int, nk: int) -> torch.Tensor:
+    """Keep kv_pos <= q_pos: bool [Nq, Nk]."""
+    qp, kp = positions(nq, nk)
+    return kp[None, :] <= qp[:, None]
+
+
+def sliding_window_keep(nq: int, nk: int, w: int) -> torch.Tensor:
+    """Keep 0 <= q_pos - kv_pos < w: bool [Nq, Nk]."""
+    qp, kp = positions(nq, nk)
+    d = qp[:, None] - kp[None, :]
+    return (d >= 0) & (d < w)
+
+
+def prefix_lm_keep(nq: int, nk: int, n: int) -> torch.Tensor:
+    """Keep kv_pos < n (the bidirectional prefix) or kv_pos <= q_pos: bool [Nq, Nk]."""
+    qp, kp = positions(nq, nk)
+    return (kp[None, :] < n) | (kp[None, :] <= qp[:, None])
+
+
+def document_keep(ids: torch.Tensor, nq: int) -> torch.Tensor:
+    """Keep ids[b, q_pos] == ids[b, kv_pos] (ids: integer [B, Nk]): bool [B, 1, Nq, Nk]."""
+    qp, kp = positions(nq, ids.shape[1])
+    ids = ids.long()
+    return ids[:, None, qp, None] == ids[:, None, None, kp]
+
+
+def alibi_bias(slopes: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
+    """ALiBi: slopes[h] * (kv_pos - q_pos), float64 [1, H, Nq, Nk]."""
+    qp, kp = positions(nq, nk)
+    return slopes.to(F64)[None, :, None, None] * (kp[None, :] - qp[:, None]).to(F64)
+
+
+def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(s / cap)."""
+    return cap * torch.tanh(s / cap)
