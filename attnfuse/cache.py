@@ -2,9 +2,11 @@
 
 A kernel is identified by a key, the sha256 of: the variant's canonical IR text, the
 q/k/v dtypes, head counts and head dims, the sequence-length bucket, the SM version
-(compute capability, 0 under the interpreter), whether it runs interpreted, the
+(compute capability, 0 under the interpreter), whether it runs interpreted, its
+direction (the forward, or the backward and the arguments it differentiates), the
 Triton version and the AttnFuse version (plus a fingerprint of AttnFuse's sources,
-so that a changed compiler never serves a stale kernel).
+so that a changed compiler never serves a stale kernel). Backward kernels are compiled
+from the forward's IR (the compiler derives the backward) and cached like forward ones.
 
 On disk (`$ATTNFUSE_CACHE_DIR`, default `~/.cache/attnfuse`), a kernel is one Python
 file `kernels/<key>.py`: the generated source, a comment line carrying the launch
@@ -51,6 +53,7 @@ import atexit
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -74,7 +77,12 @@ _HASH_MARK = "# attnfuse-sha256: "
 
 CompileFn = Callable[..., Any]
 """`compile_module(module, *, sm, seq_len)` returning an object with `.source` (Python
-text defining `launch(*tensors) -> (out, lse)`) and `.launch_params` (a dict)."""
+text defining `launch(q, k, v, *extra_tensors) -> (out, lse)`) and `.launch_params` (a
+dict). For a backward kernel it is called as `compile_module(module, *, sm, seq_len,
+direction="bwd", wrt=(...))`, and `launch(q, k, v, *extra_tensors, out, lse, dout)`
+returns one gradient per index of `wrt` (indices of the function's arguments: 0, 1, 2 for
+q, k, v, 3... for its extra tensors); a forward is compiled without those keywords, so a
+compile function that only knows the forward still serves forward kernels."""
 
 _compiler_override: CompileFn | None = None
 
@@ -90,6 +98,23 @@ def _compile_fn() -> CompileFn:
             f"be imported ({e}); use the reference backend meanwhile"
         ) from e
     return compile_module
+
+
+_backward_support: dict[Any, bool] = {}
+
+
+def compiles_backward() -> bool:
+    """Whether the compile function in effect builds backward kernels: it declares a
+    `direction` parameter (see `CompileFn`)."""
+    fn = _compile_fn()
+    known = _backward_support.get(fn)
+    if known is None:
+        try:
+            known = "direction" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            known = False
+        _backward_support[fn] = known
+    return known
 
 
 @contextlib.contextmanager
@@ -136,9 +161,15 @@ def triton_version() -> str:
     return triton.__version__
 
 
+DIRECTIONS = ("fwd", "bwd")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    """Everything a kernel's key covers, besides versions."""
+    """Everything a kernel's key covers, besides versions. `direction` is "fwd" (the
+    forward: out and lse) or "bwd" (the backward); `wrt` are the indices of the function
+    arguments a backward kernel differentiates (0, 1, 2 for q, k, v, 3... for the extra
+    tensors, in order), empty for a forward."""
 
     ir: str
     dtypes: tuple[str, str, str]
@@ -147,6 +178,21 @@ class KernelSpec:
     seq_bucket: int
     sm: int
     interpret: bool
+    direction: str = "fwd"
+    wrt: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"a kernel's direction is 'fwd' or 'bwd', got {self.direction!r}")
+        if self.direction == "fwd" and self.wrt:
+            raise ValueError(f"a forward kernel differentiates nothing, got wrt={self.wrt}")
+        if self.direction == "bwd" and (not self.wrt or list(self.wrt) != sorted(set(self.wrt))):
+            raise ValueError(f"a backward kernel needs wrt: increasing argument indices, got {self.wrt}")
+
+    def compile_options(self) -> dict[str, Any]:
+        """The keywords the compile function gets besides `sm` and `seq_len`: none for a
+        forward, `direction` and `wrt` for a backward."""
+        return {} if self.direction == "fwd" else {"direction": self.direction, "wrt": self.wrt}
 
     def key(self) -> str:
         fields = {
@@ -157,6 +203,8 @@ class KernelSpec:
             "seq_bucket": self.seq_bucket,
             "sm": self.sm,
             "interpret": self.interpret,
+            "direction": self.direction,
+            "wrt": list(self.wrt),
             "triton": triton_version(),
             "attnfuse": version_fingerprint(),
         }
@@ -165,7 +213,9 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class LoadedKernel:
-    """A generated module, imported: `launch(q, k, v, *extras) -> (out, lse)`."""
+    """A generated module, imported: `launch(q, k, v, *extras) -> (out, lse)` for a
+    forward kernel, `launch(q, k, v, *extras, out, lse, dout) -> (gradients...)` for a
+    backward one (see `CompileFn`)."""
 
     key: str
     path: Path
@@ -466,9 +516,9 @@ class KernelCache:
 
     def get(self, module: ModuleOp, spec: KernelSpec) -> LoadedKernel:
         """The kernel for `module` (the variant's IR) and `spec`: from memory, else from
-        disk, else compiled (`compile_module(module, sm=..., seq_len=bucket)`) and
-        written to disk first. One thread per key, and one process per key and cache
-        folder, looks it up at a time."""
+        disk, else compiled (`compile_module(module, sm=..., seq_len=bucket)`, plus
+        `direction=` and `wrt=` for a backward kernel) and written to disk first. One
+        thread per key, and one process per key and cache folder, looks it up at a time."""
         key = spec.key()
         memory = self._memory[spec.interpret]
         if (k := memory.get(key)) is not None:
@@ -490,7 +540,7 @@ class KernelCache:
     def _compile(module: ModuleOp, spec: KernelSpec, key: str, folder: Path) -> LoadedKernel:
         """Compile, write the cache file (in the fallback folder if writing fails) and
         import it."""
-        compiled = _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket)
+        compiled = _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket, **spec.compile_options())
         source = compiled.source if compiled.source.endswith("\n") else compiled.source + "\n"
         text = entry_text(key, source, compiled.launch_params)
         try:

@@ -11,9 +11,21 @@ Backends:
   computing in float32 and returning q's dtype;
 - `auto` (the default): `triton` for CUDA tensors, `reference` for CPU tensors.
 
-Only `reference` is differentiable so far: on `triton` and `interpret`, a call with
-gradients enabled on any input that requires grad raises `AttnFuseError` rather than
-return an output detached from autograd (under `torch.no_grad()` it runs).
+Every backend is differentiable. `reference` is plain PyTorch autograd over the eager
+executor. On `triton` and `interpret`, a call that needs a gradient (grad mode on and an
+input requiring grad) runs through the `attnfuse::attention` custom op
+(`attnfuse.autograd`): it saves q, k, v, the extra tensors, out and lse, and its backward
+launches a backward kernel the compiler derives from the variant's IR, for exactly the
+inputs that require grad (compiled and cached per set of inputs, on the first such call;
+a gradient the compiler cannot form, such as one with respect to ALiBi slopes, is an
+`AttnFuseError` there). bfloat16 on the interpreter runs the float32 backward kernel.
+Double backward is an `AttnFuseError`. Calls needing no gradient launch the forward
+kernel directly, with no custom-op overhead.
+
+Under `torch.compile`, a variant call becomes one `attnfuse::attention` node (on every
+backend), so `fullgraph=True` traces it, forward and backward, with no graph break. The
+kernel is found per call from the tensors, as in eager mode; the backend is the one in
+effect when the call was traced.
 
 Degenerate shapes behave the same on every backend: no keys (Nk = 0) give zeros (lse
 -inf, or the sink's logit), no queries (Nq = 0) or B = 0 an empty output; zero heads
@@ -42,7 +54,7 @@ from typing import Any, cast
 import torch
 from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse import cache, dsl, validation
+from attnfuse import autograd, cache, dsl, validation
 from attnfuse.cache import KERNELS, KernelSpec, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
 
@@ -105,6 +117,7 @@ def clear_caches() -> None:
     """Forget every traced IR, hot-path entry and in-memory kernel of this process (the
     disk cache stays)."""
     KERNELS.clear_memory()
+    autograd.clear()
     for v in list(_VARIANTS):
         v._traces.clear()
         v._hot.clear()
@@ -144,8 +157,9 @@ def _kernel_mode(backend_name: str, q: torch.Tensor) -> str:
 
 def _load_kernel(
     trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpret: bool
-) -> tuple[LoadedKernel, Callable[..., Any]]:
-    """The kernel of `trace` for these tensors and its launch function (`KernelCache.launcher`)."""
+) -> tuple[LoadedKernel, Callable[..., Any], KernelSpec]:
+    """The kernel of `trace` for these tensors, its launch function (`KernelCache.launcher`)
+    and its spec."""
     spec = KernelSpec(
         ir=trace.text,
         dtypes=(str(q.dtype), str(k.dtype), str(v.dtype)),
@@ -156,7 +170,7 @@ def _load_kernel(
         interpret=interpret,
     )
     try:
-        return KERNELS.launcher(trace.module, spec)
+        return (*KERNELS.launcher(trace.module, spec), spec)
     except DiagnosticException as e:
         name = trace.module.ops.first.sym_name.data  # type: ignore[union-attr]
         raise AttnFuseError(
@@ -183,25 +197,30 @@ def _via_float32(launch: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _requires_grad(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
 def _any_requires_grad(tensors: Sequence[object]) -> bool:
     return any(t.requires_grad for t in tensors)  # type: ignore[attr-defined]
 
 
-def _refuse_grad(
-    variant: Variant, mode: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, full: Sequence[object]
-) -> None:
-    """Raise `AttnFuseError` if gradients are enabled and an input requires grad: the
-    `mode` backend has no backward yet, and must not return a detached output."""
-    if not torch.is_grad_enabled():
-        return
-    named = [("q", q), ("k", k), ("v", v), *zip(variant.arg_names[3:], full, strict=False)]
-    names = [n for n, x in named if isinstance(x, torch.Tensor) and x.requires_grad]
-    if names:
-        raise AttnFuseError(
-            f"{', '.join(names)} {'requires' if len(names) == 1 else 'require'} grad, but the {mode} backend has no "
-            f"backward yet: {variant.__name__} would return an output detached from autograd. Call it under "
-            f"torch.no_grad() or on detached tensors, or use af.backend('reference'), which is differentiable"
-        )
+def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequence[object]) -> bool:
+    """Whether a call needs autograd: grad mode on and an input requiring grad."""
+    return (
+        q.requires_grad or k.requires_grad or v.requires_grad or any(_requires_grad(t) for t in tensors)
+    ) and torch.is_grad_enabled()
+
+
+def _differentiable(
+    target: autograd.KernelTarget, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequence[object]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) through the `attnfuse::attention` op, which autograd records. The backward
+    kernel for the inputs requiring grad is compiled first, so that a gradient the
+    compiler cannot form is an error here, not in the backward pass."""
+    extras = cast(list[torch.Tensor], list(tensors))
+    target.backward_launch(tuple(i for i, x in enumerate((q, k, v, *extras)) if x.requires_grad))
+    return autograd.attention(target.key, q, k, v, extras)
 
 
 class Kernel:
@@ -216,12 +235,14 @@ class Kernel:
         loaded: LoadedKernel,
         launch: Callable[..., Any],
         signature: tuple[Any, ...],
+        target: autograd.KernelTarget,
     ):
         self.variant = variant
         self.trace = trace
         self._loaded = loaded
         self._launch = launch
         self._signature = signature
+        self._target = target
 
     @property
     def source(self) -> str:
@@ -250,11 +271,11 @@ class Kernel:
         return f"<attnfuse.Kernel {self.variant.__name__} ({mode}) at {self.path}>"
 
     def run_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> Any:
-        """(out [B, Hq, Nq, Dv] in q's dtype, natural-log lse float32 [B, Hq, Nq])."""
+        """(out [B, Hq, Nq, Dv] in q's dtype, natural-log lse float32 [B, Hq, Nq]);
+        differentiable (with respect to out: lse is not) as a variant call is."""
         tensors = self.variant._validate_for(q, k, v, extras, self._signature, self.trace)
-        if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
-            mode = "interpret" if self.interpreted else "triton"
-            _refuse_grad(self.variant, mode, q, k, v, self.variant._bind(extras))
+        if _needs_grad(q, k, v, tensors):
+            return _differentiable(self._target, q, k, v, tensors)
         return self._launch(q, k, v, *tensors)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> torch.Tensor:
@@ -281,16 +302,21 @@ def _hot_key(
 
 
 class _Entry:
-    """A hot-path entry: how to run one call signature."""
+    """A hot-path entry: how to run one call signature (`run`), the relations to check
+    first (`check`, None when there are none), the custom-op target of the signature
+    (`target`) and how to pick the function's extra tensors out of the given extras
+    (`select`, None when they are exactly those)."""
 
-    __slots__ = ("run", "check")
+    __slots__ = ("run", "check", "target", "select")
 
     def __init__(
         self,
         run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple[object, ...]], torch.Tensor],
         check: Callable[[torch.Tensor, torch.Tensor, Sequence[object]], bool] | None,
+        target: autograd.OpTarget,
+        select: Callable[[tuple[object, ...]], tuple[object, ...]] | None,
     ):
-        self.run, self.check = run, check
+        self.run, self.check, self.target, self.select = run, check, target, select
 
 
 class Variant:
@@ -332,24 +358,46 @@ class Variant:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> torch.Tensor:
         """out = attention(q, k, v, *extras): [B, Hq, Nq, Dv] in q's dtype."""
+        if _is_compiling():
+            return autograd.site_call(self, q, k, v, extras)
         backend_name = _backend_var.get() or os.environ.get("ATTNFUSE_BACKEND") or "auto"
+        try:  # `_entry`, inlined
+            entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
+        except Exception:
+            return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
+        qs, ks, vs = q.shape, k.shape, v.shape
+        if qs[0] != ks[0] or qs[0] != vs[0] or ks[2] != vs[2] or k.device != q.device or v.device != q.device:
+            return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
+        if entry.check is not None and not entry.check(q, k, extras):
+            return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
+        return entry.run(q, k, v, extras)
+
+    def _entry(
+        self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
+    ) -> _Entry:
+        """The hot-path entry of a call: found by its key when the relations it does not
+        hold check out, else made by the slow path (`_prepare`)."""
         try:
             entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
         except Exception:
-            return self._call_slow(backend_name, q, k, v, extras)
+            return self._prepare(backend_name, q, k, v, extras)
         qs, ks, vs = q.shape, k.shape, v.shape
         if qs[0] != ks[0] or qs[0] != vs[0] or ks[2] != vs[2] or k.device != q.device or v.device != q.device:
-            return self._call_slow(backend_name, q, k, v, extras)
+            return self._prepare(backend_name, q, k, v, extras)
         if entry.check is not None and not entry.check(q, k, extras):
-            return self._call_slow(backend_name, q, k, v, extras)
-        return entry.run(q, k, v, extras)
+            return self._prepare(backend_name, q, k, v, extras)
+        return entry
+
+    def _op_target(
+        self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
+    ) -> tuple[autograd.OpTarget, tuple[torch.Tensor, ...]]:
+        """The custom-op target of a call (validated as `__call__` validates it) and the
+        function's extra tensors: how a call traced by torch.compile runs."""
+        entry = self._entry(backend_name, q, k, v, extras)
+        tensors = extras if entry.select is None else entry.select(extras)
+        return entry.target, cast(tuple[torch.Tensor, ...], tensors)
 
     # ---- the slow path: validation, tracing, kernel lookup
-
-    def _call_slow(
-        self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
-    ) -> torch.Tensor:
-        return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
 
     def _bind(self, extras: Sequence[object]) -> tuple[object, ...]:
         """The extra arguments with defaults filled in."""
@@ -402,22 +450,28 @@ class Variant:
             from attnfuse.reference import run_reference
 
             module = trace.module
+            target: autograd.OpTarget = autograd.register(autograd.ReferenceTarget(trace))
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = cast(tuple[torch.Tensor, ...], extras if select is None else select(extras))
                 return run_reference(module, q, k, v, *tensors, compute_dtype=torch.float32).to(q.dtype)
 
         else:
-            _refuse_grad(self, mode, q, k, v, full)  # before compiling anything
-            launch = self._kernel(trace, q, k, v, full, interpret=mode == "interpret")[1]
+            if _needs_grad(q, k, v, full):  # before compiling anything
+                names = [n for n, x in zip(self.arg_names, (q, k, v, *full), strict=True) if _requires_grad(x)]
+                autograd.refuse_without_backward(mode == "interpret", names, self.__name__)
+            _, launch, kernel_target = self._kernel(trace, q, k, v, full, interpret=mode == "interpret")
+            target = kernel_target
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = extras if select is None else select(extras)
                 if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
-                    _refuse_grad(self, mode, q, k, v, self._bind(extras))
+                    if torch.is_grad_enabled():
+                        return _differentiable(kernel_target, q, k, v, tensors)[0]
                 return launch(q, k, v, *tensors)[0]
 
-        entry = _Entry(run, validation.with_length_check(trace, validation.extras_check(trace, len(extras))))
+        check = validation.with_length_check(trace, validation.extras_check(trace, len(extras)))
+        entry = _Entry(run, check, target, select)
         self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
         return entry
 
@@ -429,11 +483,15 @@ class Variant:
         v: torch.Tensor,
         full: Sequence[object],
         interpret: bool,
-    ) -> tuple[LoadedKernel, Callable[..., Any]]:
-        """The kernel of `trace` for these arguments and its launch function; for bfloat16
-        on the interpreter, the float32 kernel, launched through `_via_float32`."""
+    ) -> tuple[LoadedKernel, Callable[..., Any], autograd.KernelTarget]:
+        """The kernel of `trace` for these arguments, its launch function and its (registered)
+        custom-op target; for bfloat16 on the interpreter, the float32 kernel, launched
+        through `_via_float32`."""
+        names = [*self.arg_names[:3], *(n for n, x in zip(self.arg_names[3:], full, strict=True) if _is_tensor(x))]
         if not (interpret and q.dtype == torch.bfloat16):
-            return _load_kernel(trace, q, k, v, interpret)
+            loaded, launch, spec = _load_kernel(trace, q, k, v, interpret)
+            target = autograd.KernelTarget(self.__name__, names, trace, spec, launch, float32=False)
+            return loaded, launch, cast(autograd.KernelTarget, autograd.register(target))
 
         def meta(x: object) -> object:
             if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
@@ -444,8 +502,10 @@ class Variant:
         assert isinstance(fq, torch.Tensor) and isinstance(fk, torch.Tensor) and isinstance(fv, torch.Tensor)
         last, trace32 = self._last, self._trace(fq, fk, fv, [meta(x) for x in full])
         self._last = last
-        loaded, launch = _load_kernel(trace32, fq, fk, fv, interpret)
-        return loaded, _via_float32(launch)
+        loaded, launch, spec = _load_kernel(trace32, fq, fk, fv, interpret)
+        launch = _via_float32(launch)
+        target = autograd.KernelTarget(self.__name__, names, trace32, spec, launch, float32=True)
+        return loaded, launch, cast(autograd.KernelTarget, autograd.register(target))
 
     @staticmethod
     def _selector(full: tuple[object, ...], n_given: int) -> Callable[[tuple[object, ...]], tuple[object, ...]] | None:
@@ -491,8 +551,8 @@ class Variant:
             interpret = q.device.type != "cuda"
         else:
             interpret = _kernel_mode(name, q) == "interpret"
-        loaded, launch = self._kernel(trace, q, k, v, full, interpret)
-        return Kernel(self, trace, loaded, launch, self._signature(q, k, v, full))
+        loaded, launch, target = self._kernel(trace, q, k, v, full, interpret)
+        return Kernel(self, trace, loaded, launch, self._signature(q, k, v, full), target)
 
     def ir(self, *args: object) -> str:
         """The traced attn IR (canonical text): for example arguments `(q, k, v, ...)`
@@ -519,6 +579,13 @@ class Variant:
             )
         q = torch.empty(1, 8, 1, 64, dtype=torch.float16, device="meta")
         return self._validated_trace(q, q, q, ())[0]
+
+
+def _is_tensor(x: object) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+_is_compiling = torch.compiler.is_compiling
 
 
 def _describe_signature(sig: tuple[Any, ...]) -> str:
