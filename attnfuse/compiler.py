@@ -67,9 +67,14 @@ def compile_module(
     sm: int | None = None,
     seq_len: int | None = None,
     dump_ir: str | os.PathLike[str] | None = None,
+    direction: str = "fwd",
+    wrt: tuple[int, ...] = (),
     **options,
 ) -> CompiledSource:
-    """Lower a module holding one attention function (it is not modified) to Triton source.
+    """Lower a module holding one attention function (it is not modified) to Triton source:
+    its forward, or with `direction="bwd"` its backward (attn-autodiff first) for the
+    gradients of the arguments `wrt` (indices; empty: all that have one), whose
+    `launch(*args, out, lse, dout)` returns them in that order.
     `options` are the pipeline's (rope_mode, block_m, block_n, num_warps, num_stages,
     causal_split). The module is verified first, dominance included; invalid IR raises
     `AttnFuseError`.
@@ -88,6 +93,10 @@ def compile_module(
         verify_module(module)
     except DiagnosticException as e:
         raise AttnFuseError(f"invalid attn IR:\n{e}") from e
+    if direction not in ("fwd", "bwd"):
+        raise AttnFuseError(f"compile_module direction must be 'fwd' or 'bwd', got {direction!r}")
+    if direction == "bwd":
+        options = {**options, "backward": True, "wrt": tuple(wrt)}
     module = module.clone()
     pipeline = AttnFusePipelinePass(sm=sm, seq_len=seq_len, **options)
     dump = _ir_dump(module, dump_ir, sm=sm, seq_len=seq_len, options=options)

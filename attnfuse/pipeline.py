@@ -1,7 +1,8 @@
 """The one place that knows the order of AttnFuse's passes.
 
-attn IR --rope-fusion--> placement of pre-matmul ops --causal-split--> KV block classes
---tiling--> tile sizes --convert-attn-to-tl--> tl IR --(target triton)--> Python source.
+attn IR [--attn-autodiff--> the backward's attn IR] --rope-fusion--> placement of pre-matmul
+ops --causal-split--> KV block classes --tiling--> tile sizes --convert-attn-to-tl--> tl IR
+--(target triton)--> Python source.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from attnfuse.passes.analysis import check_sm
+from attnfuse.passes.attn_autodiff import AttnAutodiffPass
 from attnfuse.passes.causal_split import CausalSplitPass
 from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
 from attnfuse.passes.rope_fusion import RopeFusionPass, RopeMode
@@ -39,6 +41,10 @@ class AttnFusePipelinePass(ModulePass):
     causal_split: bool = True
     """false: leave KV blocks unclassified, so every block up to Nk is visited and
     masked (the baseline of the ablation, benchmarks/ablation.py)."""
+    backward: bool = False
+    """Compile the backward (attn-autodiff first) instead of the forward."""
+    wrt: tuple[int, ...] = ()
+    """With `backward`: the arguments to differentiate (attn-autodiff's option)."""
 
     def apply(self, ctx: Context, op: ModuleOp, after: Callable[[str, ModuleOp], object] | None = None) -> None:
         """Run the stages of `STAGES` in order. `after(stage_name, op)`, if given, is called
@@ -54,6 +60,7 @@ class AttnFusePipelinePass(ModulePass):
 
 
 STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = [
+    ("attn-autodiff", lambda o: AttnAutodiffPass(wrt=o.wrt) if o.backward else None),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
     ("causal-split", lambda o: CausalSplitPass() if o.causal_split else None),
     (

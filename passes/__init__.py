@@ -1,8 +1,9 @@
 """AttnFuse's passes (installed as `attnfuse.passes`), one per file named after the pass.
 
 The other modules serve them: `analysis` (the structure of a variant, shared by the
-passes), and convert-attn-to-tl's parts: `tl_builder` (building tl IR),
-`qk_transforms_to_tl`, `region_to_tl` and `kv_segments`.
+passes), attn-autodiff's `region_grad` (derivatives of score_mod regions), and
+convert-attn-to-tl's parts: `tl_builder` (building tl IR), `qk_transforms_to_tl`,
+`region_to_tl`, `kv_segments` and `backward_to_tl` (the backward's kernels).
 """
 
 from collections.abc import Callable
@@ -12,6 +13,11 @@ from xdsl.passes import ModulePass
 
 def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """Lazy factories for every AttnFuse pass, keyed by pass name."""
+
+    def attn_autodiff():
+        from attnfuse.passes.attn_autodiff import AttnAutodiffPass
+
+        return AttnAutodiffPass
 
     def rope_fusion():
         from attnfuse.passes.rope_fusion import RopeFusionPass
@@ -39,6 +45,7 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
         return AttnFusePipelinePass
 
     return {
+        "attn-autodiff": attn_autodiff,
         "rope-fusion": rope_fusion,
         "causal-split": causal_split,
         "tiling": tiling,

@@ -4,6 +4,9 @@ A lowerable variant is a `func.func` with one `attn.qk` whose operands are chain
 of pre-matmul ops (`attn.rope`, `attn.norm`, `attn.scale`) rooted at function
 arguments, a chain of score ops up to one `attn.softmax`, and one `attn.pv` whose
 v is a function argument and whose result is returned.
+
+A backward function (attn-autodiff's, marked `attn.wrt`) has the same chains, and its
+probabilities feed `attn.pv_grad` and `attn.softmax_grad` instead of `attn.pv`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ class AttentionChains:
     func: func.FuncOp
     qk: attn.QKOp
     softmax: attn.SoftmaxOp
-    pv: attn.PVOp
+    pv: attn.PVOp | attn.PVGradOp
+    """attn.pv, or in a backward function attn.pv_grad."""
     q_chain: list[Operation]
     k_chain: list[Operation]
     score_ops: list[Operation]
@@ -44,6 +48,10 @@ class AttentionChains:
     @property
     def v_type(self) -> TensorType:
         return self.v_arg.type  # type: ignore[return-value]
+
+    @property
+    def is_backward(self) -> bool:
+        return isinstance(self.pv, attn.PVGradOp)
 
     @property
     def masks(self) -> list[attn.MaskOp]:
@@ -80,8 +88,11 @@ def analyse(f: func.FuncOp) -> AttentionChains:
     k_chain, k_arg = _chain(qk.k, "k")
     score_ops: list[Operation] = []
     value: SSAValue = qk.scores
+    backward = "attn.wrt" in f.attributes
     while True:
         users = [u.operation for u in value.uses]
+        if backward:
+            users = [u for u in users if not _is_derivative(u)]
         if len(users) != 1:
             raise DiagnosticException("the scores of attn.qk must flow through one chain of score ops")
         user = users[0]
@@ -92,16 +103,36 @@ def analyse(f: func.FuncOp) -> AttentionChains:
             raise DiagnosticException(f"'{user.name}' cannot consume attention scores")
         score_ops.append(user)
         value = user.results[0]
-    pv_users = [u.operation for u in softmax.output.uses]
-    if len(pv_users) != 1 or not isinstance(pv_users[0], attn.PVOp):
-        raise DiagnosticException("the attn.softmax result must feed exactly one attn.pv")
-    pv = pv_users[0]
+    pv = _pv_of(f, softmax)
     if not isinstance(pv.v, BlockArgument):
-        raise DiagnosticException("the v operand of attn.pv must be a function argument")
+        raise DiagnosticException(f"the v operand of {pv.name} must be a function argument")
+    return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, pv.v)
+
+
+def _is_derivative(op: Operation) -> bool:
+    """In a backward function: an attn.score_mod computing a score op's derivative (its
+    result multiplies a gradient), not a forward op."""
+    return isinstance(op, attn.ScoreModOp) and all(isinstance(u.operation, attn.ScoreMulOp) for u in op.output.uses)
+
+
+def _pv_of(f: func.FuncOp, softmax: attn.SoftmaxOp) -> attn.PVOp | attn.PVGradOp:
+    """The attn.pv the probabilities feed (whose result `f` returns), or in a backward
+    function the attn.pv_grad."""
+    users = [u.operation for u in softmax.output.uses]
+    if "attn.wrt" in f.attributes:
+        grads = [u for u in users if isinstance(u, attn.PVGradOp)]
+        if len(grads) != 1 or not all(isinstance(u, attn.PVGradOp | attn.SoftmaxGradOp) for u in users):
+            raise DiagnosticException(
+                "in a backward function the attn.softmax result must feed one attn.pv_grad and attn.softmax_grad"
+            )
+        return grads[0]
+    if len(users) != 1 or not isinstance(users[0], attn.PVOp):
+        raise DiagnosticException("the attn.softmax result must feed exactly one attn.pv")
+    pv = users[0]
     ret = f.body.block.last_op
     if not isinstance(ret, func.ReturnOp) or list(ret.operands) != [pv.output]:
         raise DiagnosticException(f"func @{f.sym_name.data} must return the attn.pv result")
-    return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, pv.v)
+    return pv
 
 
 def variant_funcs(module: ModuleOp) -> list[func.FuncOp]:

@@ -48,6 +48,9 @@ from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
+HOST_NAMES = ("out", "lse", "k_rot", "q_rot", "dout", "delta", "dq", "dk", "dv", "dsink_part")
+"""Names the launchers give their own tensors (a variant argument named so is renamed)."""
+
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 
@@ -216,13 +219,24 @@ class Lowering:
         }
         return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid))
 
-    def score_ops(self, kb: KernelBuilder, p: Params, s: SSAValue, ctx: ScoreCtx, masked: bool) -> SSAValue:
-        """Apply the score chain to `s`; masks only where `masked` (partial blocks).
+    def score_ops(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        s: SSAValue,
+        ctx: ScoreCtx,
+        masked: bool,
+        env: dict[SSAValue, SSAValue] | None = None,
+    ) -> SSAValue:
+        """Apply the score chain to `s`; masks only where `masked` (partial blocks). `env`,
+        if given, receives each score op's result (before masking) by its IR value.
 
         Masks are applied after the last score op, whatever their place in the chain: a
         masked score stays masked (a softcap or score_mod after the mask must not turn
         its -inf into a finite value)."""
         keep: SSAValue | None = None
+        env = {} if env is None else env
+        env[self.chains.qk.scores] = s
         for op in self.chains.score_ops:
             if isinstance(op, attn.ScaleOp):
                 s = kb.mul(s, op.value.value.data)
@@ -247,6 +261,7 @@ class Lowering:
                     keep = pred if keep is None else kb.and_(keep, pred, hint="keep")
             else:
                 raise DiagnosticException(f"'{op.name}' cannot modify scores")
+            env[op.results[0]] = s
         if keep is not None:
             s = kb.where(keep, s, NEG_INF, hint="s_masked")
         return s
@@ -482,58 +497,67 @@ class Lowering:
         lse_row = kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
         kb.store(kb.add(kb.add(qb.lse, lse_row, hint="lse_base"), qb.rows_m), lse, qb.row_ok)
 
-    # ------------------------------------------------------------------ the pre-rotation kernel
-    def rotate_kernel(self) -> KernelCall:
-        """`rotate_k`: apply K's transforms once, writing a transformed copy of K."""
+    # ------------------------------------------------------------------ the pre-rotation kernels
+    def rotate_kernel(self, which: str = "k") -> KernelCall:
+        """`rotate_k` (or `rotate_q`): apply K's (Q's) transforms once, writing a
+        transformed copy `k_rot` (`q_rot`)."""
         p = Params()
         kb = KernelBuilder(p, p.block)
         chains = self.chains
-        k = self.tensor(p, chains.k_arg)
-        k_rot_ptr = p.param("K_rot", tl.PointerType(self.kdtype), "k_rot")
-        k_rot_strides = [p.param(f"stride_kr_{d}", i32, f"k_rot.stride({d})") for d in range(4)]
-        k_name = self.host_name(chains.k_arg)
-        nk = p.param("NK", i32, f"{k_name}.shape[2]")
+        is_q = which == "q"
+        arg, chain = (chains.q_arg, chains.q_chain) if is_q else (chains.k_arg, chains.k_chain)
+        heads, dtype = (self.hq, self.dtype) if is_q else (self.hkv, self.kdtype)
+        x = self.tensor(p, arg)
+        rot_ptr = p.param(f"{which.upper()}_rot", tl.PointerType(dtype), f"{which}_rot")
+        rot_strides = [p.param(f"stride_{which}r_{d}", i32, f"{which}_rot.stride({d})") for d in range(4)]
+        name = self.host_name(arg)
+        n = p.param("NQ" if is_q else "NK", i32, f"{name}.shape[2]")
         block_n = p.param("BLOCK_N", i32, str(PREROTATE.block_n), constexpr=True)
         pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
         pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-        b_off = kb.cast(kb.floordiv(pid_bh, self.hkv), i64, hint="b_off")
-        hk_off = kb.cast(kb.rem(pid_bh, self.hkv), i64, hint="hk_off")
+        b_off = kb.cast(kb.floordiv(pid_bh, heads), i64, hint="b_off")
+        h_off = kb.cast(kb.rem(pid_bh, heads), i64, hint="h_off" if is_q else "hk_off")
         n_start = kb.mul(pid_n, block_n, hint="n_start")
         n_off = kb.cast(n_start, i64, hint="n_off")
         rows = kb.arange(block_n, hint="rows_n")
         offs_n = kb.add(n_start, rows, hint="offs_n")
-        ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
+        ok = kb.cmp("<", offs_n, n, hint="row_ok")
+        pos = offs_n
+        if is_q:  # queries are the last NQ of the NK positions
+            nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+            pos = kb.add(offs_n, kb.sub(nk, n), hint="q_pos")
 
         def base_of(ptr: SSAValue, strides: list[SSAValue], hint: str) -> SSAValue:
             """The tile's first row: batch, head and row offsets in int64."""
-            bh = kb.add(kb.add(ptr, kb.mul(b_off, strides[0])), kb.mul(hk_off, strides[1]))
+            bh = kb.add(kb.add(ptr, kb.mul(b_off, strides[0])), kb.mul(h_off, strides[1]))
             return kb.add(bh, kb.mul(n_off, strides[2]), hint=hint)
 
-        base = base_of(k.ptr, k.strides, "k_base")
-        k_x = self.qk.transformed(
+        base = base_of(x.ptr, x.strides, f"{which}_base")
+        x_t = self.qk.transformed(
             kb,
             p,
-            chains.k_chain,
-            lambda chans: self.qk.load_tile(kb, base, rows, ok, k.strides[2], k.strides[3], chans, True, "k"),
-            offs_n,
+            chain,
+            lambda chans: self.qk.load_tile(kb, base, rows, ok, x.strides[2], x.strides[3], chans, True, which),
+            pos,
             ok,
             True,
-            "k",
+            which,
+            signed_pos=is_q,
         )
         offs_d = kb.arange(self.dpad, hint="offs_d")
-        out_base = base_of(k_rot_ptr, k_rot_strides, "k_rot_base")
+        out_base = base_of(rot_ptr, rot_strides, f"{which}_rot_base")
         ptr = kb.add(
-            kb.add(out_base, kb.mul(kb.row(rows), k_rot_strides[2])),
-            kb.mul(kb.col(offs_d), k_rot_strides[3]),
-            hint="k_rot_ptr",
+            kb.add(out_base, kb.mul(kb.row(rows), rot_strides[2])),
+            kb.mul(kb.col(offs_d), rot_strides[3]),
+            hint=f"{which}_rot_ptr",
         )
         mask = kb.row(ok)
         if self.dpad != self.d:
             mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
-        kb.store(ptr, kb.cast(k_x, self.kdtype), mask)
+        kb.store(ptr, kb.cast(x_t, dtype), mask)
         p.block.add_op(tl.ReturnOp())
-        grid = [f"triton.cdiv({k_name}.shape[2], {PREROTATE.block_n})", f"{k_name}.shape[0] * {self.hkv}"]
-        return KernelCall(self.kernel("rotate_k", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
+        grid = [f"triton.cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
+        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
 
     # ------------------------------------------------------------------ kernels and launcher
     def kernel(self, name: str, p: Params) -> tl.KernelOp:
@@ -595,8 +619,8 @@ def arg_names(f: func.FuncOp) -> list[str]:
     names: list[str] = []
     for i, a in enumerate(f.body.block.args):
         n = a.name_hint if a.name_hint and a.name_hint.isidentifier() else f"arg{i}"
-        reserved = n in RESERVED_NAMES or n in ("out", "lse", "k_rot")
-        if n in names or reserved or n.startswith(("inv_freq", "rope_", "_")):
+        reserved = n in RESERVED_NAMES or n in HOST_NAMES
+        if n in names or reserved or n.startswith(("inv_freq", "rope_", "_", "grad_")):
             n = f"{n}_{i}"
         names.append(n)
     return names
@@ -605,7 +629,8 @@ def arg_names(f: func.FuncOp) -> list[str]:
 @dataclass(frozen=True)
 class ConvertAttnToTlPass(ModulePass):
     """Replace each attention function by its Triton kernel(s) (`tl.kernel`) and a host
-    launcher (`tl.launcher @launch`) that allocates the outputs and launches them."""
+    launcher (`tl.launcher @launch`) that allocates the outputs and launches them; a
+    backward function (attn-autodiff's) by the backward's kernels (`backward_to_tl`)."""
 
     name = "convert-attn-to-tl"
 
@@ -617,12 +642,20 @@ class ConvertAttnToTlPass(ModulePass):
                 f"{len(funcs)}: split the input (e.g. --split-input-file)"
             )
         for f in funcs:
-            lowering = Lowering(analyse(f), arg_names(f))
-            calls: list[KernelCall] = []
-            if lowering.k_placement == Placement.PREROTATE:
-                calls.append(lowering.rotate_kernel())
-            calls.append(lowering.main_kernel())
-            launcher = lowering.launcher(calls)
+            chains = analyse(f)
+            if chains.is_backward:
+                from attnfuse.passes.backward_to_tl import BackwardLowering
+
+                backward = BackwardLowering(chains, arg_names(f))
+                calls = backward.kernels()
+                launcher = backward.backward_launcher(calls)
+            else:
+                lowering = Lowering(chains, arg_names(f))
+                calls: list[KernelCall] = []
+                if lowering.k_placement == Placement.PREROTATE:
+                    calls.append(lowering.rotate_kernel())
+                calls.append(lowering.main_kernel())
+                launcher = lowering.launcher(calls)
             block = f.parent_block()
             assert block is not None
             block.insert_ops_before([*(call.kernel for call in calls), launcher], f)

@@ -97,3 +97,84 @@ def kv_segments(
     f_end = kb.mul(kb.floordiv(kb.maximum(fhi, 0), bn), bn)
     f_end = kb.maximum(kb.minimum(f_end, hi), f_start, hint="full_hi")
     return [(lo, f_start, True), (f_start, f_end, False), (f_end, hi, True)]
+
+
+# ----------------------------------------------------------------------------- the backward's Q loop
+
+QRange = tuple[SSAValue | None, SSAValue | None, SSAValue | None, SSAValue | None]
+"""(v_lo, v_hi, f_lo, f_hi) in query positions: the queries that may keep some key of a KV
+block are [v_lo, v_hi), those that keep every key of it [f_lo, f_hi); None is unbounded."""
+
+
+def _causal_q_range(kb: KernelBuilder, k_lo: SSAValue, k_hi: SSAValue, n: int) -> QRange:
+    """kv_pos <= q_pos."""
+    return k_lo, None, k_hi, None
+
+
+def _sliding_window_q_range(kb: KernelBuilder, k_lo: SSAValue, k_hi: SSAValue, w: int) -> QRange:
+    """0 <= q_pos - kv_pos < w."""
+    return k_lo, kb.add(k_hi, w), k_hi, kb.add(k_lo, w)
+
+
+def _prefix_lm_q_range(kb: KernelBuilder, k_lo: SSAValue, k_hi: SSAValue, n: int) -> QRange:
+    """kv_pos < n or kv_pos <= q_pos: a block inside the prefix is seen by every query."""
+    far = -(1 << 30)
+    v_lo = kb.where(kb.cmp("<", k_lo, n), far, k_lo)
+    f_lo = kb.where(kb.cmp("<", k_hi, n), far, k_hi)
+    return v_lo, None, f_lo, None
+
+
+Q_RANGES: dict[str, Callable[[KernelBuilder, SSAValue, SSAValue, int], QRange]] = {
+    "causal": _causal_q_range,
+    "sliding_window": _sliding_window_q_range,
+    "prefix_lm": _prefix_lm_q_range,
+}
+"""The query range of each KV-bounded mask kind, given a KV block's first and last key
+positions: the transpose of `KV_RANGES`, for the dK/dV kernel's loop over Q blocks."""
+
+
+def q_segments(
+    kb: KernelBuilder,
+    bounds: list[KvBoundAttr],
+    k_lo: SSAValue,
+    k_hi: SSAValue,
+    shift: SSAValue,
+    nq: SSAValue,
+    bm: int,
+) -> list[tuple[SSAValue, SSAValue, bool]]:
+    """[(lo, hi, masked)]: the query rows, in blocks of `bm` from row 0, that the KV block
+    of positions [k_lo, k_hi] meets, in order (query row i has position i + `shift`)."""
+    vlo: SSAValue | None = None
+    vhi: SSAValue | None = None
+    flo: SSAValue | None = None
+    fhi: SSAValue | None = None
+    opaque = False
+
+    def tighter(a: SSAValue | None, b: SSAValue | None, pick) -> SSAValue | None:
+        return b if a is None else a if b is None else pick(a, b)
+
+    for bound in bounds:
+        kind = bound.mask_kind
+        if kind is None:
+            opaque = True
+            continue
+        v_lo, v_hi, f_lo, f_hi = Q_RANGES[kind.name](kb, k_lo, k_hi, bound.param_value)
+        vlo, flo = tighter(vlo, v_lo, kb.maximum), tighter(flo, f_lo, kb.maximum)
+        vhi, fhi = tighter(vhi, v_hi, kb.minimum), tighter(fhi, f_hi, kb.minimum)
+
+    def rows(pos: SSAValue | None, default: SSAValue | int) -> SSAValue | int:
+        """A position bound as a row in [0, nq]."""
+        if pos is None:
+            return default
+        return kb.minimum(kb.maximum(kb.sub(pos, shift), 0), nq)
+
+    lo_row, hi = rows(vlo, 0), rows(vhi, nq)
+    lo = kb.mul(kb.floordiv(lo_row, bm), bm, hint="q_lo") if not isinstance(lo_row, int) else kb.value(0)
+    hi = kb.value(hi) if isinstance(hi, int) else hi
+    if opaque or not bounds:
+        return [(lo, hi, bool(bounds))]
+    f_lo_row, f_hi_row = rows(flo, 0), rows(fhi, nq)
+    f_start = kb.minimum(kb.maximum(kb.mul(kb.cdiv(f_lo_row, bm), bm), lo), hi, hint="full_q_lo")
+    f_end = kb.mul(kb.floordiv(f_hi_row, bm), bm) if fhi is not None else hi
+    f_end = kb.maximum(kb.minimum(f_end, hi), f_start, hint="full_q_hi")
+    return [(lo, f_start, True), (f_start, f_end, False), (f_end, hi, True)]

@@ -6,6 +6,9 @@ prologue. K's transforms run either fused in the KV loop (every K tile is rotate
 once per Q tile that reads it) or in a separate pre-rotation kernel that writes a
 rotated copy of K once (one extra read and write of K, one more launch). The
 Rotation Calculus below compares the two.
+
+In a backward function (attn-autodiff's), Q's and K's transforms both run in
+pre-rotation kernels (`_place_backward` says why).
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
 from xdsl.passes import ModulePass
 
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
-from attnfuse.passes.analysis import analyse, check_sm, target_option, variant_funcs
+from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 
@@ -92,6 +96,18 @@ def crossover(
     return n
 
 
+def _place_backward(f: func.FuncOp, v: AttentionChains) -> None:
+    """A backward function's Q and K transforms both run in pre-rotation kernels: its dK/dV
+    kernel reads every Q block once per KV block and its dQ kernel every K block once per
+    Q block, so a rotation in either loop would be repeated Nk / BLOCK_N times."""
+    placed = {}
+    for key, chain in (("q", v.q_chain), ("k", v.k_chain)):
+        for x in chain:
+            x.attributes["placement"] = PlacementAttr(Placement.PREROTATE)
+        placed[key] = StringAttr(Placement.PREROTATE.value if chain else "none")
+    f.attributes["attn.rope_fusion"] = DictionaryAttr(placed)
+
+
 @dataclass(frozen=True)
 class RopeFusionPass(ModulePass):
     """Place Q's transforms in the kernel prologue and choose, per the Rotation
@@ -120,6 +136,9 @@ class RopeFusionPass(ModulePass):
             raise ValueError(f"rope-fusion seq-len must be >= 1, got {seq_len}")
         for f in variant_funcs(op):
             v = analyse(f)
+            if v.is_backward:
+                _place_backward(f, v)
+                continue
             for q_op in v.q_chain:
                 q_op.attributes["placement"] = PlacementAttr(Placement.Q_PROLOGUE)
             foldable = all(isinstance(s, attn.ScaleOp | attn.MaskOp) for s in v.score_ops)

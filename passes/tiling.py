@@ -20,6 +20,8 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # sweep on the lent H200 (2026-11-29, benchmarks/results/h200/sweep_tiles.md: causal, RoPE with
 # K in the loop, softcap at B4/H12/N4096/D64 and B1/H32-8/N8192/D128); the D=256 and sm80
 # entries are unmeasured defaults.
+# Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
+# dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop.
 TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (90, 64, "plain"): (128, 64, 4, 3),
     (90, 64, "kloop"): (128, 32, 8, 3),
@@ -33,6 +35,12 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (80, 64, "plain"): (128, 64, 4, 3),
     (80, 128, "plain"): (128, 32, 4, 2),
     (80, 256, "plain"): (64, 32, 4, 2),
+    (90, 64, "bwd"): (128, 32, 4, 3),
+    (90, 128, "bwd"): (64, 32, 4, 2),
+    (90, 256, "bwd"): (32, 32, 4, 1),
+    (80, 64, "bwd"): (64, 32, 4, 2),
+    (80, 128, "bwd"): (64, 32, 4, 1),
+    (80, 256, "bwd"): (32, 32, 4, 1),
     (0, 64, "plain"): (32, 32, 4, 1),
     (0, 128, "plain"): (32, 32, 4, 1),
     (0, 256, "plain"): (32, 32, 4, 1),
@@ -40,6 +48,8 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
 
 
 def variant_class(v: AttentionChains) -> str:
+    if v.is_backward:
+        return "bwd"
     if any(op.attributes.get("placement") == PlacementAttr(Placement.KV_LOOP) for op in v.k_chain):
         return "kloop"
     if any(isinstance(op, attn.SoftcapOp | attn.BiasOp | attn.ScoreModOp) for op in v.score_ops):

@@ -51,12 +51,13 @@ def reparse(path: Path):
 def test_every_stage_is_written_named_by_the_stage_table_and_reads_back(tmp_path):
     compiled = compile_module(parse_module(VARIANT), sm=0, dump_ir=tmp_path / "dump")
     files = sorted(p.name for p in (tmp_path / "dump").iterdir())
+    forward = STAGE_NAMES[1:]  # attn-autodiff runs only for the backward
     assert files == [
         "00-input.mlir",
-        *(f"{i:02d}-{name}.mlir" for i, name in enumerate(STAGE_NAMES, 1)),
-        f"{len(STAGES) + 1:02d}-triton.py",
+        *(f"{i:02d}-{name}.mlir" for i, name in enumerate(forward, 1)),
+        f"{len(forward) + 1:02d}-triton.py",
     ]
-    assert STAGE_NAMES == ["rope-fusion", "causal-split", "tiling", "convert-attn-to-tl"]
+    assert STAGE_NAMES == ["attn-autodiff", "rope-fusion", "causal-split", "tiling", "convert-attn-to-tl"]
     modules = {name: reparse(tmp_path / "dump" / name) for name in files if name.endswith(".mlir")}
     assert modules["00-input.mlir"].is_structurally_equivalent(parse_module(VARIANT))
     # Each stage leaves its mark: tiling adds attn.tiling; the last stage is tl only.
@@ -65,6 +66,18 @@ def test_every_stage_is_written_named_by_the_stage_table_and_reads_back(tmp_path
     last = modules["04-convert-attn-to-tl.mlir"]
     assert {op.dialect_name() for op in last.walk()} <= {"builtin", "tl"}
     assert (tmp_path / "dump" / "05-triton.py").read_text() == compiled.source
+
+
+def test_the_backward_dumps_the_autodiff_stage_first(tmp_path):
+    compiled = compile_module(parse_module(VARIANT), sm=0, direction="bwd", dump_ir=tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [
+        "00-input.mlir",
+        *(f"{i:02d}-{name}.mlir" for i, name in enumerate(STAGE_NAMES, 1)),
+        f"{len(STAGES) + 1:02d}-triton.py",
+    ]
+    assert "attn.qk_grad" in (tmp_path / "01-attn-autodiff.mlir").read_text()
+    assert "def attn_bwd_dkdv(" in compiled.source and "def attn_bwd_dq(" in compiled.source
 
 
 def test_a_skipped_stage_writes_no_file(tmp_path):
@@ -109,7 +122,7 @@ def test_the_environment_variable_gives_each_compilation_its_folder(tmp_path, mo
     assert len(folders) == 2
     assert all(f.name.startswith("rope_causal-") for f in folders)
     for folder in folders:
-        assert len(list(folder.glob("*.mlir"))) == 1 + len(STAGES)
+        assert len(list(folder.glob("*.mlir"))) == len(STAGES)  # input and the forward stages
         assert len(list(folder.glob("*-triton.py"))) == 1
 
 
@@ -130,7 +143,7 @@ def test_the_runtime_compile_path_honours_the_environment_variable(tmp_path, mon
             plain.compile(q, k, v)
         (folder,) = (tmp_path / "dump").iterdir()
         assert folder.name.startswith("plain-")
-        assert sorted(p.name for p in folder.iterdir())[-1] == f"{len(STAGES) + 1:02d}-triton.py"
+        assert sorted(p.name for p in folder.iterdir())[-1] == f"{len(STAGES):02d}-triton.py"
         for path in folder.glob("*.mlir"):
             reparse(path)
     finally:

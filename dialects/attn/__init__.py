@@ -13,9 +13,15 @@ Positions: key/value token j has position j (0..Nk-1); a tensor of N rows holds 
 *last* N positions of the key sequence (Nk-N..Nk-1), so queries are the last Nq
 tokens (the KV-cache convention) and RoPE and masks agree for prefill and decode.
 
-The dialect is three modules: `attributes` (types, attributes, named kinds, pass
-annotations), `ops` (the pre-matmul transforms, the matmuls, the softmax) and
-`score_fns` (mask, bias and score_mod, and their regions' ops). Import from here.
+A backward function (written by the attn-autodiff pass) recomputes the forward's ops and
+applies their derivatives (`attn.pv_grad`, `attn.softmax_grad`, `attn.sink_grad`,
+`attn.score_mul`, `attn.qk_grad`, `attn.rope_grad`, `attn.norm_grad`,
+`attn.norm_weight_grad`).
+
+The dialect is four modules: `attributes` (types, attributes, named kinds, pass
+annotations), `ops` (the pre-matmul transforms, the matmuls, the softmax),
+`score_fns` (mask, bias and score_mod, and their regions' ops) and `grads` (the
+derivatives). Import from here.
 """
 
 from xdsl.ir import Dialect
@@ -36,6 +42,17 @@ from attnfuse.dialects.attn.attributes import (
     RopeStyle,
     RopeStyleAttr,
     ScoresType,
+)
+from attnfuse.dialects.attn.grads import (
+    GRAD_OPS,
+    NormGradOp,
+    NormWeightGradOp,
+    PVGradOp,
+    QKGradOp,
+    RopeGradOp,
+    ScoreMulOp,
+    SinkGradOp,
+    SoftmaxGradOp,
 )
 from attnfuse.dialects.attn.ops import NormOp, PVOp, QKOp, RopeOp, ScaleOp, SoftcapOp, SoftmaxOp
 from attnfuse.dialects.attn.score_fns import REGION_OPS, BiasOp, ExtractOp, MaskOp, ScoreModOp, YieldOp, new_region
@@ -58,12 +75,14 @@ Attn = Dialect(
         PVOp,
         ExtractOp,
         YieldOp,
+        *GRAD_OPS,
     ],
     [ScoresType, ProbsType, RopeStyleAttr, RopeScalingAttr, PlacementAttr, KvBoundAttr],
 )
 
 __all__ = [
     "BIAS_KINDS",
+    "GRAD_OPS",
     "INT32_MAX",
     "LOG2E",
     "MASK_KINDS",
@@ -95,4 +114,12 @@ __all__ = [
     "SoftmaxOp",
     "YieldOp",
     "new_region",
+    "NormGradOp",
+    "NormWeightGradOp",
+    "PVGradOp",
+    "QKGradOp",
+    "RopeGradOp",
+    "ScoreMulOp",
+    "SinkGradOp",
+    "SoftmaxGradOp",
 ]

@@ -526,3 +526,29 @@ class TransOp(IRDLOperation):
     def __init__(self, input: SSAValue | Operation):
         input = SSAValue.get(input)
         super().__init__(operands=[input], result_types=[input.type])
+
+
+@irdl_op_definition
+class GatherOp(IRDLOperation):
+    """`tl.gather(x, index, axis)`: out[i][j] = x[i][index[i][j]] along `axis` (1) or
+    x[index[i][j]][j] (0); `index` has x's shape."""
+
+    name = "tl.gather"
+    T: ClassVar = VarConstraint("T", base(TileType))
+    input = operand_def(T)
+    index = operand_def(TileType)
+    axis = prop_def(IntegerAttr[I64])
+    result = result_def(T)
+    assembly_format = "$input `[` $index `]` `axis` $axis attr-dict `:` type($input) `,` type($index)"
+
+    def __init__(self, input: SSAValue | Operation, index: SSAValue | Operation, axis: int):
+        input = SSAValue.get(input)
+        super().__init__(
+            operands=[input, index], properties={"axis": IntegerAttr(axis, i64)}, result_types=[input.type]
+        )
+
+    def verify_(self) -> None:
+        if self.axis.value.data not in (0, 1):
+            raise VerifyException(f"tl.gather axis must be 0 or 1, got {self.axis.value.data}")
+        if not isinstance(scalar_of(self.index.type), IntegerType):
+            raise VerifyException(f"tl.gather index must be an integer tile, got {self.index.type}")

@@ -147,3 +147,26 @@ class HostReturnOp(_HostOp):
 
     def __init__(self, values: Sequence[str]):
         super().__init__(properties={"values": ArrayAttr(StringAttr(v) for v in values)})
+
+
+@irdl_op_definition
+class HostSumOp(_HostOp):
+    """`var = source.sum(dims).to(dtype)`: reduce per-program partial results (the
+    deterministic sum of a gradient's partials)."""
+
+    name = "tl.host_sum"
+    var = prop_def(StringAttr)
+    source = prop_def(StringAttr)
+    dims = prop_def(ArrayAttr[IntegerAttr[I64]])
+    dtype = prop_def(StringAttr)
+    assembly_format = "$var `=` $source `dims` $dims `dtype` $dtype attr-dict"
+
+    def __init__(self, var: str, source: str, dims: Sequence[int], dtype: str):
+        super().__init__(
+            properties={
+                "var": StringAttr(var),
+                "source": StringAttr(source),
+                "dims": ArrayAttr(IntegerAttr(d, i64) for d in dims),
+                "dtype": StringAttr(dtype),
+            }
+        )

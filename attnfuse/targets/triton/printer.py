@@ -229,6 +229,8 @@ class TritonPrinter:
                 return f"tl.dot({', '.join(args)})"
             case tl.TransOp():
                 return f"tl.trans({e(op.input)})"
+            case tl.GatherOp():
+                return f"tl.gather({e(op.input)}, {e(op.index)}, {op.axis.value.data})"
         raise DiagnosticException(f"the triton target cannot print '{op.name}'")
 
     def print_for(self, op: tl.ForOp) -> None:
@@ -264,7 +266,9 @@ class TritonPrinter:
         params = [p.data for p in op.params]
         self.line(f"def {op.sym_name.data}({', '.join(params)}):")
         self.indent += 1
-        self.line('"""Allocate the outputs and launch the kernels; returns (out, lse)."""')
+        ret = op.body.block.last_op
+        returned = ", ".join(v.data for v in ret.values) if isinstance(ret, tl.HostReturnOp) else ""
+        self.line(f'"""Allocate the outputs and launch the kernels; returns ({returned})."""')
         for h in op.body.block.ops:
             match h:
                 case tl.AllocOp():
@@ -283,6 +287,9 @@ class TritonPrinter:
                         f"_launch({h.callee.data}, ({grid},), {h.num_warps.value.data}, {h.num_stages.value.data},"
                     )
                     self.line(f"        {args})")
+                case tl.HostSumOp():
+                    dims = ", ".join(str(d.value.data) for d in h.dims)
+                    self.line(f"{h.var.data} = {h.source.data}.sum(({dims},)).to({h.dtype.data})")
                 case tl.HostReturnOp():
                     self.line(f"return {', '.join(v.data for v in h.values)}")
                 case _:
