@@ -336,6 +336,7 @@ class Variant:
         self._traces: dict[tuple[Any, ...], dsl.Trace] = {}
         self._hot: dict[tuple[Any, ...], _Entry] = {}
         self._last: dsl.Trace | None = None
+        self._number = autograd.variant_number(self)
         _VARIANTS.add(self)
 
     def _parameters(self, fn: Callable[..., Any]) -> list[inspect.Parameter]:

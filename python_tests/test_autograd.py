@@ -320,6 +320,32 @@ def test_torch_compile_fullgraph_traces_forward_and_backward(backend, dynamo):
             step_compiled(q, k, v, sink)
 
 
+def test_one_compiled_function_for_several_variants(dynamo):
+    """The same code traced again for another variant (a recompilation, where torch may
+    make changed integers symbolic): each call site names its own variant."""
+
+    @af.variant
+    def causal(q, k, v):
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
+    with stub_backend():
+        for variant in (rope_causal, causal, rope_causal):
+            q, k, v = qkv()
+            torch.compile(lambda *a, f=variant: loss_of(f(*a)), fullgraph=True, backend="aot_eager")(q, k, v).backward()
+            want = oracle_grads(variant, [q, k, v])
+            assert max(rel_l2(t.grad, want[i]) for i, t in enumerate((q, k, v))) < 1e-5, variant.__name__
+
+
+def test_a_backward_after_clear_caches():
+    q, k, v = qkv()
+    with stub_backend():
+        out = rope_causal(q, k, v)
+        runtime.clear_caches()  # forgets the kernels; the autograd graph still holds what it needs
+        loss_of(out).backward()
+    want = oracle_grads(rope_causal, [q, k, v])
+    assert max(rel_l2(t.grad, want[i]) for i, t in enumerate((q, k, v))) < 1e-5
+
+
 # --------------------------------------------------------------------------- the real compiler's backward
 
 needs_backward = pytest.mark.skipif(
