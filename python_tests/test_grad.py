@@ -725,3 +725,16 @@ def test_alibi_slopes_formula_matches_hand_written():
     want = slopes.double()[None, :, None, None] * (kp[None, :] - qp[:, None])
     torch.testing.assert_close(plain.alibi_bias(slopes, 5, 9), want)
     assert math.isclose(plain.softcap(torch.tensor(100.0, dtype=F64), 2.0).item(), 2.0, rel_tol=1e-12)
+
+
+def test_double_backward_is_an_error():
+    """Gradients of gradients are not supported: a clear AttnFuseError, not a wrong or missing
+    second derivative (issue 11)."""
+    skip_unless_differentiable("interpret")
+    q, k, v = qkv(MHA, torch.float32)
+    q.requires_grad_()
+    with pytest.raises(af.AttnFuseError):
+        with af.backend("interpret"):
+            out = CASES["plain"].variant(q, k, v)
+        (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        dq.sum().backward()
