@@ -381,29 +381,29 @@ _SITES: dict[tuple[str, str, tuple[tuple[bool, object], ...]], SiteTarget] = {}
 _numbers = itertools.count(1)
 
 
-def variant_number(variant: Variant) -> str:
+def variant_handle(variant: Variant) -> str:
     """A name for `variant` in this process (`Variant.__init__` takes one; a string, since
     torch.compile may turn an integer attribute into a symbolic one): torch.compile passes
     it, a constant, where some torch versions cannot pass the object itself."""
     with _registry_lock:
-        number = f"{variant.__name__}#{next(_numbers)}"
-        _VARIANTS[number] = variant
-    return number
+        handle = f"{variant.__name__}#{next(_numbers)}"
+        _VARIANTS[handle] = variant
+    return handle
 
 
 @torch._dynamo.assume_constant_result
-def _site_key(number: str, consts: tuple[tuple[bool, object], ...]) -> str:
-    """The key of a call site of the variant named `number`: run by torch.compile when it
-    traces the call (the result is a constant of the graph), reading the backend in effect
-    then."""
+def _site_key(handle: str, consts: tuple[tuple[bool, object], ...]) -> str:
+    """The key of a call site of the variant of this `handle` (`variant_handle`): run by
+    torch.compile when it traces the call (the result is a constant of the graph), reading
+    the backend in effect then."""
     from attnfuse.runtime import current_backend
 
     backend = current_backend()
     with _registry_lock:
-        site = _SITES.get((number, backend, consts))
+        site = _SITES.get((handle, backend, consts))
         if site is None:
-            key = f"site:{number}:{len(_SITES)}"
-            site = _SITES[(number, backend, consts)] = SiteTarget(_VARIANTS[number], backend, consts, key)
+            key = f"site:{handle}:{len(_SITES)}"
+            site = _SITES[(handle, backend, consts)] = SiteTarget(_VARIANTS[handle], backend, consts, key)
             _REGISTRY[key] = site
     return site.key
 
@@ -412,7 +412,7 @@ def site_call(variant: Variant, q: Tensor, k: Tensor, v: Tensor, extras: tuple[o
     """A variant call inside code torch.compile traces: one `attnfuse::attention` node."""
     consts = tuple((True, None) if isinstance(x, torch.Tensor) else (False, x) for x in extras)
     tensors = [x for x in extras if isinstance(x, torch.Tensor)]
-    return torch.ops.attnfuse.attention(_site_key(variant._number, consts), q, k, v, tensors)[0]
+    return torch.ops.attnfuse.attention(_site_key(variant._handle, consts), q, k, v, tensors)[0]
 
 
 # --------------------------------------------------------------------------- the ops

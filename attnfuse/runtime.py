@@ -20,12 +20,16 @@ inputs that require grad (compiled and cached per set of inputs, on the first su
 a gradient the compiler cannot form, such as one with respect to ALiBi slopes, is an
 `AttnFuseError` there). bfloat16 on the interpreter runs the float32 backward kernel.
 Double backward is an `AttnFuseError`. Calls needing no gradient launch the forward
-kernel directly, with no custom-op overhead.
+kernel directly, with no custom-op overhead. While the compile function in effect builds
+no backward (one without a `direction` parameter, see `cache.CompileFn`), a call needing a
+gradient is refused with an `AttnFuseError` rather than return a detached output.
 
 Under `torch.compile`, a variant call becomes one `attnfuse::attention` node (on every
 backend), so `fullgraph=True` traces it, forward and backward, with no graph break. The
 kernel is found per call from the tensors, as in eager mode; the backend is the one in
-effect when the call was traced.
+effect when the call was traced (torch.compile does not see `af.backend`: a compiled call
+run under a backend of another kind is an `AttnFuseError`; `torch.compiler.reset()`
+traces again).
 
 Degenerate shapes behave the same on every backend: no keys (Nk = 0) give zeros (lse
 -inf, or the sink's logit), no queries (Nq = 0) or B = 0 an empty output; zero heads
@@ -336,7 +340,7 @@ class Variant:
         self._traces: dict[tuple[Any, ...], dsl.Trace] = {}
         self._hot: dict[tuple[Any, ...], _Entry] = {}
         self._last: dsl.Trace | None = None
-        self._number = autograd.variant_number(self)
+        self._handle = autograd.variant_handle(self)
         _VARIANTS.add(self)
 
     def _parameters(self, fn: Callable[..., Any]) -> list[inspect.Parameter]:
