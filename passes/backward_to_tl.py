@@ -153,6 +153,10 @@ class BackwardLowering(Lowering):
         self.need_dk = qk is not None and self.plan.needs(qk.dk)
         self.need_dv = self.plan.needs(chains.pv.results[1])
         self.guard = any(isinstance(op, attn.ScoreMulOp) for op in self.plan.score_grads)
+        self.log2e_folded = all(isinstance(op, attn.ScaleOp | attn.MaskOp) for op in chains.score_ops)
+        """Every score op is linear (or a mask): LOG2E is folded into the scaled K / Q tile,
+        so the scores come out in base 2 for exp2, as the forward's `log2e_folded`."""
+        self.tile_scale = self.scale * (LOG2E if self.log2e_folded else 1.0)
         self.partials: list[str] = []
         """The buffers of the learned weights' per-program gradients."""
 
@@ -251,6 +255,10 @@ class BackwardLowering(Lowering):
                     kb.add(base, kb.mul(kb.cast(q_pos, i64), ids.strides[1])), ok, -1, hint="doc_q"
                 )
         return ids_of
+
+    def base2(self, kb: KernelBuilder, s: SSAValue) -> SSAValue:
+        """The scores in base 2 (already so when LOG2E is folded into the scaled tile)."""
+        return s if self.log2e_folded else kb.mul(s, LOG2E, hint="s2")
 
     # ------------------------------------------------------------------ the score gradient
     def score_grad(
@@ -430,7 +438,7 @@ class BackwardLowering(Lowering):
         kv_ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
         k_base = self.base(kb, ks, b_off, hk_off)
         k_t = self.tile(kb, ks, k_base, n_off, rows_n, kv_ok, self.d, "k")
-        k_s = kb.cast(kb.mul(kb.cast(k_t, f32), self.scale), self.kdtype, hint="k_scaled")
+        k_s = kb.cast(kb.mul(kb.cast(k_t, f32), self.tile_scale), self.kdtype, hint="k_scaled")
         v_base = self.base(kb, v, b_off, hk_off)
         v_t = self.tile(kb, v, v_base, n_off, rows_n, kv_ok, self.dv, "v")
         shift = kb.sub(nk, nq, hint="q_shift")
@@ -466,7 +474,7 @@ class BackwardLowering(Lowering):
                     s = self.score_ops(ib, p, s, ctx, masked, env)
                     lse = self.row_stat(ib, lse_ptr, row_base, offs_m, row_ok, POS_INF, "lse")
                     lse2 = ib.mul(ib.where(ib.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2")
-                    pt = ib.unary(tl.Exp2Op, ib.sub(ib.mul(s, LOG2E), ib.col(lse2)), hint="p")
+                    pt = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), ib.col(lse2)), hint="p")
                     do_t = self.tile(ib, do, do_base, m_off, rows, row_ok, self.dv, "do")
                     new = dict(c)
                     if self.need_dv:
@@ -549,7 +557,7 @@ class BackwardLowering(Lowering):
         shift = kb.sub(nk, nq, hint="q_shift")
         q_pos = kb.add(offs_m, shift, hint="q_pos")
         q_t = self.tile(kb, qs, self.base(kb, qs, b_off, h_off), m_off, rows_m, row_ok, self.d, "q")
-        q_s = kb.cast(kb.mul(kb.cast(q_t, f32), self.scale), self.dtype, hint="q_scaled")
+        q_s = kb.cast(kb.mul(kb.cast(q_t, f32), self.tile_scale), self.dtype, hint="q_scaled")
         do_t = self.tile(kb, do, self.base(kb, do, b_off, h_off), m_off, rows_m, row_ok, self.dv, "do")
         row_base = kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off, hint="row_base")
         lse = self.row_stat(kb, lse_ptr, row_base, rows_m, row_ok, POS_INF, "lse")
@@ -583,7 +591,7 @@ class BackwardLowering(Lowering):
                 s = self.score_ops(ib, p, s, ctx, masked, env)
                 if kv_ok is not None:
                     s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
-                pr = ib.unary(tl.Exp2Op, ib.sub(ib.mul(s, LOG2E), lse2), hint="p")
+                pr = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), lse2), hint="p")
                 dp = ib.dot(do_t, ib.emit(tl.TransOp(v_t)), None, self.precision, hint="dp")
                 ds = self.score_grad(ib, p, pr, dp, delta, env, ctx)
                 return {"dq": ib.dot(ib.cast(ds, self.kdtype), k_t, c["dq"], self.precision, hint="dq")}

@@ -21,7 +21,10 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # K in the loop, softcap at B4/H12/N4096/D64 and B1/H32-8/N8192/D128); the D=256 and sm80
 # entries are unmeasured defaults.
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
-# dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop.
+# dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
+# sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
+# lent H200 (2026-11-30, benchmarks/results/h200/bwd_tiles.md: RoPE + causal, paper shape at
+# N=4096, Llama shape at N=8192); the others are unmeasured defaults.
 TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (90, 64, "plain"): (128, 64, 4, 3),
     (90, 64, "kloop"): (128, 32, 8, 3),
@@ -35,8 +38,8 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (80, 64, "plain"): (128, 64, 4, 3),
     (80, 128, "plain"): (128, 32, 4, 2),
     (80, 256, "plain"): (64, 32, 4, 2),
-    (90, 64, "bwd"): (128, 32, 4, 3),
-    (90, 128, "bwd"): (64, 32, 4, 2),
+    (90, 64, "bwd"): (64, 64, 4, 3),
+    (90, 128, "bwd"): (128, 64, 8, 3),
     (90, 256, "bwd"): (32, 32, 4, 1),
     (80, 64, "bwd"): (64, 32, 4, 2),
     (80, 128, "bwd"): (64, 32, 4, 1),
