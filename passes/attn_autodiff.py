@@ -206,8 +206,12 @@ def _transform_grad(b: _Builder, op: Operation, g: SSAValue, m, grads: dict[int,
 
 
 def _erase_unused(block: Block) -> None:
-    """Drop the ops whose results nothing uses (the gradients not asked for)."""
-    for op in reversed(list(block.ops)):
+    """Drop the derivative ops whose results nothing uses (the gradients not asked for).
+    The recomputed forward and attn.pv_grad stay: they are the program's structure (the
+    probabilities the kernels rebuild), even when only a sink's gradient is asked for."""
+    ops = list(block.ops)
+    first = next(i for i, op in enumerate(ops) if isinstance(op, attn.PVGradOp)) + 1
+    for op in reversed(ops[first:]):
         if op.results and all(not r.uses for r in op.results):
             Rewriter.erase_op(op)
 

@@ -618,6 +618,8 @@ class BackwardLowering(Lowering):
     # ------------------------------------------------------------------ the launcher
     def kernels(self) -> list[KernelCall]:
         calls = [self.pre_kernel()]
+        if not (self.need_dk or self.need_dv or self.need_dq):
+            return calls  # only a sink's gradient: delta and the sink's shares
         for side, which in ((self.q, "q"), (self.k, "k")):
             if side.pre:
                 calls.append(self.rotate_kernel(which))
@@ -641,9 +643,10 @@ class BackwardLowering(Lowering):
             shape = [f"{like}.shape[0]", str(heads), f"{like}.shape[2]", str(dim)]
             ops.append(tl.AllocOp(name, shape, dtype_name(dtype, "torch"), f"{q}.device"))  # type: ignore[arg-type]
 
-        if self.q.pre:
+        rotated = {c.kernel.sym_name.data for c in calls}
+        if "rotate_q" in rotated:
             alloc("q_rot", q, self.hq, self.d, self.dtype)
-        if self.k.pre:
+        if "rotate_k" in rotated:
             alloc("k_rot", k, self.hkv, self.d, self.kdtype)
         if self.need_dq:
             alloc("dq", q, self.hq, self.d, self.dtype)

@@ -268,7 +268,7 @@ class TritonPrinter:
         self.indent += 1
         ret = op.body.block.last_op
         returned = ", ".join(v.data for v in ret.values) if isinstance(ret, tl.HostReturnOp) else ""
-        self.line(f'"""Allocate the outputs and launch the kernels; returns ({returned})."""')
+        self.line(f'"""Allocate the outputs and launch the kernels; returns {returned}."""')
         for h in op.body.block.ops:
             match h:
                 case tl.AllocOp():

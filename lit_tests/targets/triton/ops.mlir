@@ -66,7 +66,7 @@ tl.launcher "launch"(["x"]) {
 // CHECK-NEXT:      h = acc_i.to(tl.float16)
 // CHECK-NEXT:      tl.store(ptrs, h, mask=mask)
 // CHECK:       def launch(x):
-// CHECK-NEXT:      """Allocate the outputs and launch the kernels; returns (out)."""
+// CHECK-NEXT:      """Allocate the outputs and launch the kernels; returns out."""
 // CHECK-NEXT:      out = torch.empty((x.shape[0], 16,), dtype=torch.float16, device=x.device)
 // CHECK-NEXT:      _launch(ops, (triton.cdiv(x.shape[0], 16), 1,), 4, 2,
 // CHECK-NEXT:              x, x.shape[0], 16)
