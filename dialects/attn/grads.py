@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, Float64Type, FloatAttr, IntegerAttr, TensorType
+from xdsl.dialects.builtin import I64, Float64Type, FloatAttr, IntAttr, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -64,7 +64,7 @@ class PVGradOp(IRDLOperation):
 
     def __init__(self, p: SSAValue | Operation, v: SSAValue | Operation, dout: SSAValue | Operation):
         p, v = SSAValue.get(p), SSAValue.get(v)
-        super().__init__(operands=[p, v, dout], result_types=[ScoresType(heads_of(p.type)), v.type])
+        super().__init__(operands=[p, v, dout], result_types=[ScoresType(IntAttr(heads_of(p.type))), v.type])
 
     def verify_(self) -> None:
         vs = qkv_shape(self.v, "attn.pv_grad v")
