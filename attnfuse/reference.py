@@ -11,6 +11,11 @@ Semantics (the contract the kernels must meet):
   of the k operand of `attn.qk`. A tensor of N rows holds the *last* N positions, so
   query row i has position Nk-Nq+i, and `attn.rope` on a tensor of N rows rotates by
   positions Nk-N..Nk-1. Region arguments `q_idx` and `kv_idx` are these positions.
+- An `attn.rope` with a `positions` operand rotates row n of batch entry b by
+  positions[b, n] ([B, N]) or positions[n] ([N], every batch entry alike) instead, N
+  being its input's rows; any integer, negative ones included (they rotate backwards).
+  Another shape is an `AttnFuseError`. Only the rotation changes: masks, biases and
+  region arguments keep the row-index positions above.
 - GQA: query head h reads kv head h // (Hq / Hkv), in `attn.qk` and in `attn.pv`.
 - Masks: every `attn.mask` must hold for a score to be kept. A masked score stays
   masked whatever later score ops do to it (kernels may apply masks anywhere), and
@@ -266,9 +271,7 @@ class _Executor:
         else:
             freqs, magnitude = op_inv_freq(op)
             inv_freq = torch.tensor(freqs, dtype=torch.float64)
-        n = x.shape[2]
-        pos = torch.arange(self.nk - n, self.nk, dtype=torch.float64, device=self.device)
-        angle = pos[:, None] * inv_freq.to(self.device)[None, :]
+        angle = self._rope_positions(op, x)[..., None] * inv_freq.to(self.device)
         cos = (torch.cos(angle) * magnitude).to(self.dtype)
         sin = (torch.sin(angle) * magnitude).to(self.dtype)
         rot, rest = x[..., :r], x[..., r:]
@@ -279,6 +282,23 @@ class _Executor:
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
             out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
         return torch.cat([out, rest], dim=-1)
+
+    def _rope_positions(self, op: attn.RopeOp, x: torch.Tensor) -> torch.Tensor:
+        """The position of each row of `x` [B, H, N, D], float64 and broadcastable to
+        [B, 1, N]: Nk-N..Nk-1 [N], or the `positions` operand ([N], or [B, N] as [B, 1, N])."""
+        b, n = x.shape[0], x.shape[2]
+        if op.positions is None:
+            return torch.arange(self.nk - n, self.nk, dtype=torch.float64, device=self.device)
+        pos = self.values[op.positions]
+        want = [b, n] if pos.dim() == 2 else [n]
+        if list(pos.shape) != want:
+            expected = f"[B, N] = {want}" if pos.dim() == 2 else f"[N] = {want}"
+            raise AttnFuseError(
+                f"attn.rope positions must have shape {expected} (N: the rows of its input, shape "
+                f"{list(x.shape)}), got {list(pos.shape)}"
+            )
+        pos = pos.to(torch.float64)
+        return pos[:, None, :] if pos.dim() == 2 else pos
 
     def _norm(self, op: attn.NormOp) -> torch.Tensor:
         x = self.values[op.input]

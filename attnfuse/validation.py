@@ -14,7 +14,7 @@ from attnfuse import dsl
 from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 
-_SIZE_NAMES = {"B": "the batch size", "Hq": "q's head count", "Nk": "the kv length"}
+_SIZE_NAMES = {"B": "the batch size", "Hq": "q's head count", "Nq": "the query length", "Nk": "the kv length"}
 
 
 def check_qkv(q: object, k: object, v: object) -> None:
@@ -86,8 +86,10 @@ def _tensor_specs(trace: dsl.Trace, n_given: int) -> list[tuple[int, dsl.ExtraSp
 
 def validate_extras(trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, extras: Sequence[object]) -> None:
     """Check the given extra tensors against what the traced IR needs (device, shape),
-    raising `AttnFuseError` naming the argument and the expected size."""
-    sizes = {"B": q.shape[0], "Hq": q.shape[1], "Nk": k.shape[2]}
+    raising `AttnFuseError` naming the argument and the expected size: e.g. document
+    ids [B, Nk], RoPE positions [B, N] or [N] with N the length of the tensor they
+    rotate (Nq for q, Nk for k)."""
+    sizes = {"B": q.shape[0], "Hq": q.shape[1], "Nq": q.shape[2], "Nk": k.shape[2]}
     for i, spec in _tensor_specs(trace, len(extras)):
         x = extras[i]
         assert isinstance(x, torch.Tensor)
@@ -168,7 +170,7 @@ def with_length_check(
     return lambda q, k, extras: q.shape[2] == k.shape[2] and check(q, k, extras)
 
 
-_SIZE_INDEX = {"B": 0, "Hq": 1, "Nk": 2}
+_SIZE_INDEX = {"B": 0, "Hq": 1, "Nk": 2, "Nq": 3}
 
 
 def extras_check(
@@ -198,7 +200,7 @@ def extras_check(
                 if index >= 0:
                     if sizes is None:
                         qs = q.shape
-                        sizes = (qs[0], qs[1], k.shape[2])
+                        sizes = (qs[0], qs[1], k.shape[2], qs[2])
                     n = sizes[index]
                 if (shape[dim] != n) if eq else (shape[dim] < n):
                     return False

@@ -183,3 +183,36 @@ def alibi_bias(slopes: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
 def softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
     """cap * tanh(s / cap)."""
     return cap * torch.tanh(s / cap)
+
+
+# --------------------------------------------------------------------------- explicit positions
+# Added for the explicit-positions tests (test_positions.py): af.rope(x, positions=...).
+
+
+def rope_at(
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    inv_freq: torch.Tensor,
+    style: str = "half",
+    magnitude: float = 1.0,
+) -> torch.Tensor:
+    """Rotate the first 2 * len(inv_freq) channels of x [B, H, N, D] by pos * inv_freq, pos
+    giving the position of each row: [N] (every batch entry alike) or [B, N] (one row of
+    positions per batch entry). Written out per batch entry with `rope`, so that the [B, N]
+    form does not share its broadcasting with the reference executor."""
+    if pos.dim() == 1:
+        return rope(x, pos, inv_freq, style, magnitude)
+    assert pos.shape == (x.shape[0], x.shape[2]), (list(pos.shape), list(x.shape))
+    return torch.cat([rope(x[b : b + 1], pos[b], inv_freq, style, magnitude) for b in range(x.shape[0])], dim=0)
+
+
+def left_padded_positions(n: int, pads: list[int]) -> torch.Tensor:
+    """[B, N] int64 positions of a left-padded batch: batch entry b has pads[b] padding
+    tokens first, at negative positions -pads[b]..-1, then its real tokens at 0, 1, ..."""
+    return torch.stack([torch.arange(n) - p for p in pads])
+
+
+def packed_positions(lengths: list[list[int]]) -> torch.Tensor:
+    """[B, N] int64 positions of a packed batch: batch entry b holds documents of lengths
+    lengths[b] back to back (summing to N), each one's positions restarting at 0."""
+    return torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths])

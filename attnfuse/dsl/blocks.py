@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
-from xdsl.ir import Operation
+from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from attnfuse.dialects import attn
@@ -193,6 +193,33 @@ def _rotary_dim(r: object, x: TensorProxy) -> int:
     return int(r)
 
 
+_POSITION_DTYPES = (torch.int32, torch.int64)
+
+
+def _positions(p: object, x: TensorProxy) -> SSAValue:
+    """af.rope's positions: an int32/int64 tensor argument of the variant, [B, N] or [N],
+    N the rows of x (Nq when x derives from the variant's first argument, else Nk: k and
+    v share a length). The sizes are checked against each call's q and k
+    (`attnfuse.validation.validate_extras`)."""
+    extra = _extra_arg(p, "af.rope positions")._extra
+    spec = extra.spec
+    if spec.dtype not in _POSITION_DTYPES or spec.ndim not in (1, 2):
+        raise AttnFuseError(
+            f"af.rope positions ({extra.name}) must be an integer tensor [B, N] or [N] (torch.int32 or "
+            f"torch.int64) of {x.name}'s token positions, got a {spec.ndim}-d {spec.dtype} tensor"
+        )
+    source = x.value
+    while not isinstance(source, BlockArgument):  # back through af.rope/qk_norm/scale to q, k or v
+        source = cast(Operation, source.owner).operands[0]
+    rows = "Nq" if source.index == 0 else "Nk"
+    shape = f"[B, {rows}]" if spec.ndim == 2 else f"[{rows}]"
+    why = f"af.rope positions of {x.name}: {shape}, one per row of {x.name}"
+    if spec.ndim == 2:
+        extra.require_dim(0, "eq", "B", why)
+    extra.require_dim(spec.ndim - 1, "eq", rows, why)
+    return extra.value
+
+
 def rope(
     x: TensorProxy,
     theta: float = 10000.0,
@@ -200,13 +227,25 @@ def rope(
     rotary_dim: int | None = None,
     scaling: object = None,
     inv_freq: object = None,
+    positions: object = None,
 ) -> TensorProxy:
     """Rotary position embedding of q or k: rotate channel pairs of the first
     `rotary_dim` (default: all) channels by pos * inv_freq[i], inv_freq[i] =
     theta^(-2i/rotary_dim). `style` "half" pairs i with i + rotary_dim/2 (GPT-NeoX,
     Llama), "interleaved" pairs 2i with 2i+1 (GPT-J). `scaling` changes the
     frequencies (see `rope_scaling`); `inv_freq` gives them explicitly as a float
-    tensor [rotary_dim / 2] argument of the variant."""
+    tensor [rotary_dim / 2] argument of the variant.
+
+    `pos` is the position of each of x's N rows. By default it is the row's place in
+    the sequence: k's row j has position j, and q's row i position Nk - Nq + i (the
+    queries are the last Nq of Nk tokens, as with a KV cache). `positions` gives it
+    explicitly: an integer tensor (torch.int32 or torch.int64) argument of the variant,
+    [B, N] (row n of batch entry b has position positions[b, n], Hugging Face's
+    `position_ids`: left-padded or packed batches) or [N] (the same for every batch
+    entry), N being x's length (Nq for q, Nk for k). Positions may be negative (they
+    rotate backwards). They change only the rotation: masks, biases and the `q_idx` /
+    `kv_idx` of custom functions keep the row-index convention above. q and k take
+    their positions separately (pass the same tensor to both when Nq == Nk)."""
     t = _tracer("af.rope")
     x = _tensor(x, "af.rope")
     r = x.head_dim if rotary_dim is None else _rotary_dim(rotary_dim, x)
@@ -225,7 +264,8 @@ def rope(
         raise AttnFuseError(
             f"af.rope theta must be > 1 with yarn scaling (YaRN's correction range divides by ln(theta)), got {base}"
         )
-    op = attn.RopeOp(x.value, theta=base, style=style, rotary_dim=r, scaling=attr, inv_freq=freq)
+    pos = None if positions is None else _positions(positions, x)
+    op = attn.RopeOp(x.value, theta=base, style=style, rotary_dim=r, scaling=attr, inv_freq=freq, positions=pos)
     op.output.name_hint = f"{x.name}_rope"
     return TensorProxy(t.emit(op, "af.rope"), x.name, x.heads, x.head_dim, x.dtype)
 

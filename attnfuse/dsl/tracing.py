@@ -78,7 +78,9 @@ class ExtraSpec:
     `static_shape` is set when a named block fixes the shape (ALiBi slopes and sink
     logits [Hq], QK-norm weights [D], RoPE inv_freq [rotary_dim / 2]); the IR type then
     carries it. Otherwise every dim is dynamic and `dim_reqs` lists what the uses
-    need: (dim, "eq" or "ge", size symbol "B"/"Hq"/"Nk" or an int, why)."""
+    need: (dim, "eq" or "ge", size symbol or an int, why), the symbols being "B" (the
+    batch), "Hq" (q's heads), "Nq" (q's length) and "Nk" (k's length), e.g. document ids
+    [B, Nk] or RoPE positions [B, Nq] of q."""
 
     name: str
     position: int
@@ -367,7 +369,8 @@ class ProbsProxy(_Proxy):
 class ExtraProxy(_Proxy):
     """An extra tensor argument of the variant: pass it to a named block
     (af.alibi(slopes), af.document(ids), af.softmax(s, sink=...), af.qk_norm(x, w),
-    af.rope(x, inv_freq=...)) or index it inside a custom function."""
+    af.rope(x, inv_freq=...), af.rope(x, positions=...)) or index it inside a custom
+    function."""
 
     __slots__ = ("_extra",)
 
