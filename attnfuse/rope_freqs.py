@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from attnfuse.dialects.attn import RopeOp
+from attnfuse.dialects.attn import RopeGradOp, RopeOp
 
 
 def inv_freq(
@@ -74,8 +74,9 @@ def _yarn(
     return freqs, attn_factor
 
 
-def op_inv_freq(op: RopeOp) -> tuple[list[float], float]:
-    """inv_freq and magnitude factor of an `attn.rope` op without an inv_freq operand."""
+def op_inv_freq(op: RopeOp | RopeGradOp) -> tuple[list[float], float]:
+    """inv_freq and magnitude factor of an `attn.rope` (or `attn.rope_grad`) op without an
+    inv_freq operand."""
     scaling = op.scaling
     params = scaling.values if scaling is not None else {}
     return inv_freq(

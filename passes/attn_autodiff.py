@@ -190,7 +190,7 @@ def _transform_grad(b: _Builder, op: Operation, g: SSAValue, m, grads: dict[int,
     if isinstance(op, attn.ScaleOp):
         return b.add(attn.ScaleOp(g, op.value.value.data), name).results[0]
     if isinstance(op, attn.RopeOp):
-        return b.add(attn.RopeGradOp(g, op), name).results[0]
+        return b.add(attn.RopeGradOp(g, op, m), name).results[0]
     if isinstance(op, attn.NormOp):
         x = m(op.input)
         if isinstance(op.weight, BlockArgument):

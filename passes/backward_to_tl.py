@@ -359,7 +359,7 @@ class BackwardLowering(Lowering):
         index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
         gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
         neg = kb.sub(0, pos, hint=f"{prefix}_neg_pos")
-        return self.qk.rotated(kb, p, op, layout, g, gp, offs_d, neg, ok, True, f"{prefix}_back", True)  # type: ignore[arg-type]
+        return self.qk.rotated(kb, p, op, layout, g, gp, offs_d, neg, ok, True, f"{prefix}_back", True)
 
     def store_partial(self, kb: KernelBuilder, p: Params, dweight: SSAValue, part: SSAValue, program: SSAValue) -> None:
         """Write one program's share of a learned weight's gradient: a row of a float32
@@ -504,8 +504,9 @@ class BackwardLowering(Lowering):
                 )
 
             program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_n, hint="program")
+            k_rope_pos = self.positions(kb, p, self.k.chain, offs_n, b_off, offs_n, kv_ok)
             dk = self.chain_grad(
-                kb, p, self.k, kb.mul(carried["dk"], self.scale), load, offs_n, kv_ok, rows_n, program, "dk"
+                kb, p, self.k, kb.mul(carried["dk"], self.scale), load, k_rope_pos, kv_ok, rows_n, program, "dk"
             )
             dk_out = self.typed_tensor(p, "DK", "dk", self.kdtype)
             self.store_tile(
@@ -604,8 +605,9 @@ class BackwardLowering(Lowering):
             return self.qk.load_tile(kb, orig_base, rows_m, row_ok, orig.strides[2], orig.strides[3], chans, True, "q0")
 
         program = kb.add(kb.mul(pid_bh, num_q_blocks), pid_m, hint="program")
+        q_rope_pos = self.positions(kb, p, self.q.chain, q_pos, b_off, offs_m, row_ok)
         dq = self.chain_grad(
-            kb, p, self.q, kb.mul(carried["dq"], self.scale), load, q_pos, row_ok, rows_m, program, "dq"
+            kb, p, self.q, kb.mul(carried["dq"], self.scale), load, q_rope_pos, row_ok, rows_m, program, "dq"
         )
         dq_out = self.typed_tensor(p, "DQ", "dq", self.dtype)
         self.store_tile(
@@ -655,9 +657,7 @@ class BackwardLowering(Lowering):
         if self.need_dv:
             alloc("dv", v, self.hkv, self.dv, self.vdtype)
         ops += self.partial_buffers(calls, f"{q}.device")
-        for key, (values, magnitude) in self.qk.tables.items():
-            length = f"max({q}.shape[2], {k}.shape[2])"
-            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, f"{q}.device"))
+        ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
             ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
         ops += self.gradients_returned()

@@ -201,6 +201,38 @@ class Lowering:
         dims = [p.param(f"size_{key}_{d}", i32, f"{name}.shape[{d}]") for d in range(rank)] if sizes else []
         return TensorParam(ptr, strides, dims)
 
+    def positions(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        chain: list[Operation],
+        default: SSAValue,
+        b_off: SSAValue,
+        rows: SSAValue,
+        ok: SSAValue | None,
+    ) -> SSAValue:
+        """The positions RoPE rotates the rows `rows` of a q or k tile at: its rope's
+        `positions` operand, loaded (int32), or else `default` (the row convention)."""
+        rope = next((op for op in chain if isinstance(op, attn.RopeOp)), None)
+        if rope is None or rope.positions is None:
+            return default
+        t = self.tensor(p, rope.positions)
+        base = kb.add(t.ptr, kb.mul(b_off, t.strides[0])) if len(t.strides) == 2 else t.ptr
+        ptr = kb.add(base, kb.mul(kb.cast(rows, i64), t.strides[-1]))
+        return kb.cast(kb.load(ptr, ok, 0, hint="pos"), i32)
+
+    def rope_host_ops(self, device: str) -> list[Operation]:
+        """The launcher's RoPE tables (positions 0..max(Nq, Nk) - 1) and inverse-frequency
+        tensors (ropes at explicit positions) that the kernels read."""
+        q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        ops: list[Operation] = []
+        for key, (values, magnitude) in self.qk.tables.items():
+            # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
+            length = f"max({q}.shape[2], {k}.shape[2])"
+            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, device))
+        ops += [tl.FreqTableOp(key, values, device) for key, values in self.qk.freqs.items()]
+        return ops
+
     # ------------------------------------------------------------------ score ops
     def region(
         self,
@@ -354,7 +386,7 @@ class Lowering:
             p,
             chains.q_chain,
             lambda chans: self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
-            q_pos,
+            self.positions(kb, p, chains.q_chain, q_pos, b_off, offs_m, row_ok),
             row_ok,
             True,
             "q",
@@ -423,7 +455,8 @@ class Lowering:
             return self.qk.load_tile(ib, k_blk, rows_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
 
         if self.k_placement == Placement.KV_LOOP:
-            k_x = self.qk.transformed(ib, p, self.chains.k_chain, load_k, offs_n, kv_ok, False, "k")
+            k_pos = self.positions(ib, p, self.chains.k_chain, offs_n, qb.b_off, offs_n, kv_ok)
+            k_x = self.qk.transformed(ib, p, self.chains.k_chain, load_k, k_pos, kv_ok, False, "k")
             k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
         else:
             k_tile = load_k(qb.offs_d)
@@ -533,6 +566,7 @@ class Lowering:
             return kb.add(bh, kb.mul(n_off, strides[2]), hint=hint)
 
         base = base_of(x.ptr, x.strides, f"{which}_base")
+        pos = self.positions(kb, p, chain, pos, b_off, offs_n, ok)
         x_t = self.qk.transformed(
             kb,
             p,
@@ -594,10 +628,7 @@ class Lowering:
                     f"{k}.device",
                 )
             )
-        for key, (values, magnitude) in self.qk.tables.items():
-            # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
-            length = f"max({q}.shape[2], {k}.shape[2])"
-            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, f"{q}.device"))
+        ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
             ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
         ops.append(tl.HostReturnOp(["out", "lse"]))

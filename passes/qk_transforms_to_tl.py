@@ -5,8 +5,9 @@ dim with masked loads; the transforms run in fp32. RoPE needs no data movement b
 channels: a rotated tile is x * cos + partner(x) * sign * sin, where partner(x) is a
 second load of the same rows with each channel's pair partner, taken through the same
 transforms. cos and sin are read from host-built [positions, rotary_dim / 2] tables
-(for theta and scaling; `tables` lists them for the launcher) or computed from an
-inv_freq operand.
+(for theta and scaling; `tables` lists them for the launcher), or computed in the kernel
+from an inv_freq operand or, for a rope at explicit positions, from host-built inverse
+frequencies (`freqs`).
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ class QKTransforms:
     """A kernel's parameter for a tensor argument of the function (norm weights, inv_freq)."""
     tables: dict[str, tuple[list[float], float]] = field(default_factory=dict)
     """The cos/sin tables the launcher builds: key -> (inv_freq, magnitude)."""
+    freqs: dict[str, list[float]] = field(default_factory=dict)
+    """The inverse-frequency tensors the launcher builds (ropes at explicit positions)."""
 
     @property
     def dpad(self) -> int:
         """The head dim of a tile: a power of two."""
         return pow2(self.d)
 
-    def rope_tables(self, p: Params, op: attn.RopeOp) -> tuple[SSAValue, SSAValue]:
+    def rope_tables(self, p: Params, op: attn.RopeOp | attn.RopeGradOp) -> tuple[SSAValue, SSAValue]:
         """Pointers to the host-built [positions, rotary_dim / 2] cos and sin tables of a rope
         given by theta and scaling (no sin/cos in the kernel: it would cost more than a load)."""
         entry = op_inv_freq(op)
@@ -69,6 +72,15 @@ class QKTransforms:
             p.param(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
             p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
         )
+
+    def freq_table(self, p: Params, op: attn.RopeOp | attn.RopeGradOp) -> tuple[SSAValue, float]:
+        """A pointer to the host-built inverse frequencies of a rope given by theta and scaling,
+        and its magnitude factor (for rotations at explicit positions: cos and sin computed in
+        the kernel, as no table length bounds the positions)."""
+        values, magnitude = op_inv_freq(op)
+        key = next((k for k, v in self.freqs.items() if v == values), f"rope_freq_{len(self.freqs)}")
+        self.freqs[key] = values
+        return p.param(key, tl.PointerType(f32), key), magnitude
 
     # ------------------------------------------------------------------ pre-matmul chains
     def channels(self, kb: KernelBuilder, layout: RopeLayout | None) -> tuple[SSAValue, SSAValue | None]:
@@ -171,7 +183,7 @@ class QKTransforms:
         self,
         kb: KernelBuilder,
         p: Params,
-        op: attn.RopeOp,
+        op: attn.RopeOp | attn.RopeGradOp,
         layout: RopeLayout,
         x: SSAValue,
         xp: SSAValue,
@@ -190,7 +202,7 @@ class QKTransforms:
         first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
         sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")
         rotated = kb.cmp("<", offs_d, r)
-        if op.inv_freq is None:
+        if op.inv_freq is None and op.positions is None:
             cos_ptr, sin_ptr = self.rope_tables(p, op)
             tok_sign = None
             if signed_pos:
@@ -205,17 +217,20 @@ class QKTransforms:
             if tok_sign is not None:
                 sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
         else:
-            freq_ptr = self.tensor(p, op.inv_freq)
+            magnitude = 1.0
+            if op.inv_freq is not None:
+                freq_t = self.tensor(p, op.inv_freq)
+                freq_ptr, freq_stride = freq_t.ptr, freq_t.strides[0]
+            else:
+                freq_ptr, magnitude = self.freq_table(p, op)
+                freq_stride = 1
             freq = kb.cast(
-                kb.load(
-                    kb.add(freq_ptr.ptr, kb.mul(pair, freq_ptr.strides[0])),
-                    rotated,
-                    0.0,
-                    hint=f"{prefix}_inv_freq",
-                ),
+                kb.load(kb.add(freq_ptr, kb.mul(pair, freq_stride)), rotated, 0.0, hint=f"{prefix}_inv_freq"),
                 f32,
             )
             angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
             cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
             sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
+            if magnitude != 1.0:
+                cos, sin = kb.mul(cos, magnitude), kb.mul(sin, magnitude)
         return kb.add(kb.mul(x, cos), kb.mul(xp, sin), hint=f"{prefix}_rot")

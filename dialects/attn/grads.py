@@ -17,6 +17,7 @@ from typing import ClassVar
 from xdsl.dialects.builtin import I64, Float64Type, FloatAttr, IntAttr, IntegerAttr, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     VarConstraint,
     base,
@@ -39,7 +40,7 @@ from attnfuse.dialects.attn.attributes import (
     ScoresType,
     heads_of,
 )
-from attnfuse.dialects.attn.ops import Float, _f64, check_vector, qkv_shape
+from attnfuse.dialects.attn.ops import Float, _f64, check_positions, check_vector, qkv_shape
 
 
 def _same_type(a: SSAValue, b: SSAValue, what: str) -> None:
@@ -203,13 +204,14 @@ class QKGradOp(IRDLOperation):
 @irdl_op_definition
 class RopeGradOp(IRDLOperation):
     """The derivative of `attn.rope` given dy: dy rotated back, by angle -pos * inv_freq[i]
-    (the transpose of a rotation is its inverse). Its properties and operands are those of
-    the `attn.rope` it differentiates."""
+    (the transpose of a rotation is its inverse). Its properties and its inv_freq and
+    positions operands are those of the `attn.rope` it differentiates."""
 
     name = "attn.rope_grad"
     T: ClassVar = VarConstraint("T", base(TensorType))
     input = operand_def(T)
     inv_freq = opt_operand_def(TensorType)
+    positions = opt_operand_def(TensorType)
     theta = prop_def(FloatAttr[Float64Type])
     style = prop_def(RopeStyleAttr)
     rotary_dim = prop_def(IntegerAttr[I64])
@@ -220,17 +222,25 @@ class RopeGradOp(IRDLOperation):
     assembly_format = (
         "$input $style `theta` `=` custom<Float>($theta) `rotary_dim` `=` $rotary_dim"
         " (`scaling` `=` qualified($scaling)^)? (`inv_freq` `(` $inv_freq^ `:` type($inv_freq) `)`)?"
+        " (`positions` `(` $positions^ `:` type($positions) `)`)?"
         " attr-dict `:` type($input)"
     )
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
-    def __init__(self, dy: SSAValue | Operation, of: Operation):
+    def __init__(self, dy: SSAValue | Operation, of: Operation, mapped=lambda v: v):
         dy = SSAValue.get(dy)
         props: dict[str, Attribute] = {
             k: of.properties[k] for k in ("theta", "style", "rotary_dim", "scaling") if k in of.properties
         }
-        inv_freq = getattr(of, "inv_freq", None)
+        inv_freq, positions = getattr(of, "inv_freq", None), getattr(of, "positions", None)
         super().__init__(
-            operands=[dy, [] if inv_freq is None else [inv_freq]], properties=props, result_types=[dy.type]
+            operands=[
+                dy,
+                [] if inv_freq is None else [mapped(inv_freq)],
+                [] if positions is None else [mapped(positions)],
+            ],
+            properties=props,
+            result_types=[dy.type],
         )
 
     @property
@@ -239,6 +249,7 @@ class RopeGradOp(IRDLOperation):
 
     def verify_(self) -> None:
         d = qkv_shape(self.input, "attn.rope_grad input")[3]
+        check_positions(self.positions, "attn.rope_grad")
         r = self.rotary_dim.value.data
         if r <= 0 or r % 2 or r > d:
             raise VerifyException(f"attn.rope_grad rotary_dim must be even, positive and at most {d}, got {r}")

@@ -15,6 +15,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntAttr,
     IntegerAttr,
+    IntegerType,
     TensorType,
     UnitAttr,
     f64,
@@ -23,6 +24,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
     AnyAttr,
+    AttrSizedOperandSegments,
     IRDLOperation,
     VarConstraint,
     base,
@@ -107,6 +109,16 @@ def check_vector(value: SSAValue | None, length: int, what: str, why: str) -> No
         raise VerifyException(f"{what} must be a float tensor<{length}x...> ({why}), got {t}")
 
 
+def check_positions(positions: SSAValue | None, what: str) -> None:
+    """An optional positions operand, when present, must be an integer tensor [N] or [B, N]."""
+    if positions is None:
+        return
+    t = positions.type
+    assert isinstance(t, TensorType)
+    if len(t.get_shape()) not in (1, 2) or not isinstance(t.get_element_type(), IntegerType):
+        raise VerifyException(f"{what} positions must be an integer tensor [N] or [B, N], got {t}")
+
+
 def _check_placement(op: Operation) -> None:
     check_annotation(op, "placement", PlacementAttr, "an #attn.placement<q_prologue|kv_loop|prerotate>")
 
@@ -122,7 +134,10 @@ def _f64(value: float) -> FloatAttr:
 class RopeOp(IRDLOperation):
     """Rotary position embedding of q or k.
 
-    Pairs of the first `rotary_dim` channels are rotated by angle pos * inv_freq[i]:
+    Pairs of the first `rotary_dim` channels are rotated by angle pos * inv_freq[i], pos
+    the token's position: by default the row's (queries are the last Nq of Nk positions),
+    or `positions[b, n]` (`positions[n]`) from the optional integer `positions` operand,
+    [B, N] or [N] over the input's rows (padded or packed batches, KV caches, shards):
     `half` style pairs channel i with i + rotary_dim/2 (GPT-NeoX, HF Llama),
     `interleaved` pairs 2i with 2i+1 (GPT-J). inv_freq[i] = theta^(-2i/rotary_dim),
     changed by `scaling`, or given explicitly as the `inv_freq` operand
@@ -133,16 +148,19 @@ class RopeOp(IRDLOperation):
     T: ClassVar = VarConstraint("T", base(TensorType))
     input = operand_def(T)
     inv_freq = opt_operand_def(TensorType)
+    positions = opt_operand_def(TensorType)
     theta = prop_def(FloatAttr[Float64Type])
     style = prop_def(RopeStyleAttr)
     rotary_dim = prop_def(IntegerAttr[I64])
     scaling = opt_prop_def(RopeScalingAttr)
     output = result_def(T)
     traits = traits_def(Pure())
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     custom_directives = (Float,)
     assembly_format = (
         "$input $style `theta` `=` custom<Float>($theta) `rotary_dim` `=` $rotary_dim"
         " (`scaling` `=` qualified($scaling)^)? (`inv_freq` `(` $inv_freq^ `:` type($inv_freq) `)`)?"
+        " (`positions` `(` $positions^ `:` type($positions) `)`)?"
         " attr-dict `:` type($input)"
     )
 
@@ -157,6 +175,7 @@ class RopeOp(IRDLOperation):
         rotary_dim: int,
         scaling: RopeScalingAttr | None = None,
         inv_freq: SSAValue | Operation | None = None,
+        positions: SSAValue | Operation | None = None,
     ):
         input = SSAValue.get(input)
         props: dict[str, Attribute] = {
@@ -167,13 +186,14 @@ class RopeOp(IRDLOperation):
         if scaling is not None:
             props["scaling"] = scaling
         super().__init__(
-            operands=[input, [] if inv_freq is None else [inv_freq]],
+            operands=[input, [] if inv_freq is None else [inv_freq], [] if positions is None else [positions]],
             properties=props,
             result_types=[input.type],
         )
 
     def verify_(self) -> None:
         d = qkv_shape(self.input, "attn.rope input")[3]
+        check_positions(self.positions, "attn.rope")
         _check_placement(self)
         r = self.rotary_dim.value.data
         if r <= 0 or r % 2 or r > d:

@@ -61,6 +61,7 @@ from attnfuse.dialects.tl.compute import (
 from attnfuse.dialects.tl.host import (
     AllocOp,
     CallOp,
+    FreqTableOp,
     HostReturnOp,
     HostSumOp,
     LauncherOp,
@@ -115,6 +116,7 @@ TL = Dialect(
         YieldOp,
         LauncherOp,
         AllocOp,
+        FreqTableOp,
         HostSumOp,
         RopeTableOp,
         CallOp,
@@ -128,6 +130,7 @@ __all__ = [
     "AbsOp",
     "AddOp",
     "AllocOp",
+    "FreqTableOp",
     "HostSumOp",
     "AndOp",
     "ArangeOp",

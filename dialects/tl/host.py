@@ -111,6 +111,28 @@ class RopeTableOp(_HostOp):
 
 
 @irdl_op_definition
+class FreqTableOp(_HostOp):
+    """`var = _freq_table(var, inv_freq, device)`: RoPE's inverse frequencies as a float32
+    tensor, built once per device (kernels rotating at explicit positions compute cos and
+    sin from them)."""
+
+    name = "tl.freq_table"
+    var = prop_def(StringAttr)
+    values = prop_def(ArrayAttr[FloatAttr])
+    device = prop_def(StringAttr)
+    assembly_format = "$var `inv_freq` $values `device` $device attr-dict"
+
+    def __init__(self, var: str, values: Sequence[float], device: str):
+        super().__init__(
+            properties={
+                "var": StringAttr(var),
+                "values": ArrayAttr(FloatAttr(float(v), f32) for v in values),
+                "device": StringAttr(device),
+            }
+        )
+
+
+@irdl_op_definition
 class CallOp(_HostOp):
     """`kernel[grid](*args, num_warps=..., num_stages=...)`: one kernel launch.
 

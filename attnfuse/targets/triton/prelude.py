@@ -2,7 +2,9 @@
 function calls.
 
 - `_rope_table(key, inv_freq, length, magnitude, device)`: RoPE's cos/sin tables for the
-  pre-rotation kernel, built once per table, device and length bucket (`_TABLES`).
+  pre-rotation kernel, built once per table, device and length bucket (`_TABLES`);
+- `_freq_table(key, inv_freq, device)`: the inverse frequencies themselves, for kernels that
+  rotate at explicit positions;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
   compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`).
 
@@ -38,6 +40,15 @@ def _rope_table(key, inv_freq, length, magnitude, device):
             (angle.cos() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
             (angle.sin() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
         )
+    return t
+
+
+def _freq_table(key, inv_freq, device):
+    """RoPE's inverse frequencies as a float32 tensor on device, built once per device (for
+    kernels that compute cos and sin themselves: rotations at explicit positions)."""
+    t = _TABLES.get((key, device))
+    if t is None:
+        t = _TABLES[(key, device)] = torch.tensor(inv_freq, dtype=torch.float32, device=device)
     return t
 
 

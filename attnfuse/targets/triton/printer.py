@@ -287,6 +287,9 @@ class TritonPrinter:
                         f"_launch({h.callee.data}, ({grid},), {h.num_warps.value.data}, {h.num_stages.value.data},"
                     )
                     self.line(f"        {args})")
+                case tl.FreqTableOp():
+                    values = ", ".join(repr(float(v.value.data)) for v in h.values)
+                    self.line(f"{h.var.data} = _freq_table({h.var.data!r}, [{values}], {h.device.data})")
                 case tl.HostSumOp():
                     dims = ", ".join(str(d.value.data) for d in h.dims)
                     self.line(f"{h.var.data} = {h.source.data}.sum(({dims},)).to({h.dtype.data})")

@@ -36,7 +36,7 @@ func.func @rope(%q: tensor<?x8x?x64xf16>, %k: tensor<2x2x?x64xbf16>, %f: tensor<
 // CHECK-NEXT:    func.return
 // CHECK-NEXT:  }
 
-// CHECK-GENERIC:      "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
-// CHECK-GENERIC:      "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64, scaling = #attn.rope_scaling<linear, factor = 4.0>}>
-// CHECK-GENERIC:      "attn.rope"(%q, %f) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 32 : i64}> : (tensor<?x8x?x64xf16>, tensor<16xf32>) -> tensor<?x8x?x64xf16>
-// CHECK-GENERIC-NEXT: "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64}> {note = "q"}
+// CHECK-GENERIC:      "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<?x8x?x64xf16>) -> tensor<?x8x?x64xf16>
+// CHECK-GENERIC:      "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64, scaling = #attn.rope_scaling<linear, factor = 4.0>, operandSegmentSizes = array<i32: 1, 0, 0>}>
+// CHECK-GENERIC:      "attn.rope"(%q, %f) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 32 : i64, operandSegmentSizes = array<i32: 1, 1, 0>}> : (tensor<?x8x?x64xf16>, tensor<16xf32>) -> tensor<?x8x?x64xf16>
+// CHECK-GENERIC-NEXT: "attn.rope"(%q) <{style = #attn<rope_style half>, theta = 1.000000e+04 : f64, rotary_dim = 64 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}> {note = "q"}

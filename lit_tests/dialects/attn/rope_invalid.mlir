@@ -38,7 +38,7 @@ func.func @int_elements(%q: tensor<?x8x?x64xi32>) {
 // -----
 
 func.func @result_type(%q: tensor<?x8x?x64xf32>) {
-  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf16>
+  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf16>
   func.return
 }
 // CHECK:      "attn.rope"
@@ -88,7 +88,7 @@ func.func @theta_negative(%q: tensor<?x8x?x64xf32>) {
 // -----
 
 func.func @theta_infinite(%q: tensor<?x8x?x64xf32>) {
-  %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
+  %r = "attn.rope"(%q) <{theta = 0x7FF0000000000000 : f64, style = #attn<rope_style half>, rotary_dim = 64 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
   func.return
 }
 // CHECK: attn.rope theta must be > 0 and finite, got inf
@@ -98,7 +98,7 @@ func.func @theta_infinite(%q: tensor<?x8x?x64xf32>) {
 // The style is an enum: in the custom form a bad one is a parse error (the STYLE run
 // line above); in the generic form, a verifier error.
 func.func @bad_style(%q: tensor<?x8x?x64xf32>) {
-  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = "neox", rotary_dim = 64 : i64}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
+  %r = "attn.rope"(%q) <{theta = 1.0e+04 : f64, style = "neox", rotary_dim = 64 : i64, operandSegmentSizes = array<i32: 1, 0, 0>}> : (tensor<?x8x?x64xf32>) -> tensor<?x8x?x64xf32>
   func.return
 }
 // CHECK:      "attn.rope"(%q) <{theta = 1.000000e+04 : f64, style = "neox"
