@@ -55,8 +55,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def check_gradients(ir: str, args: list[torch.Tensor], folder: Path, nq: int) -> None:
-    """Forward and backward kernels on CUDA copies of `args`; every gradient against float64
-    autograd of the reference on `args`."""
+    """Forward and backward kernels on CUDA copies of `args`; the output and every gradient
+    against the reference on `args` (float64, autograd)."""
     dtype = args[0].dtype
     module = parse_module(ir)
     func = next(iter(module.ops))
@@ -75,6 +75,8 @@ def check_gradients(ir: str, args: list[torch.Tensor], folder: Path, nq: int) ->
     torch.cuda.synchronize()
     xs = [a.double().requires_grad_() if a.is_floating_point() else a for a in args]
     ref = run_reference(ir, *xs, compute_dtype=torch.float64)
+    out_err = ((out.detach().cpu().double() - ref.detach()).norm() / ref.detach().norm()).item()
+    assert out_err < GRAD_TOL[dtype], f"output: relative L2 error {out_err:.2e}"
     refs = torch.autograd.grad(ref, [xs[i] for i in wrt], dout.cpu().double())
     for i, g, r in zip(wrt, grads, refs, strict=True):
         assert g.shape == args[i].shape and g.dtype == args[i].dtype, f"gradient {i}: {g.shape} {g.dtype}"
@@ -118,3 +120,27 @@ def test_llama_shape_gradients(dtype_name: str, folder: Path) -> None:
     q = randn(1, 32, 1000, 128, dtype=dtype, seed=11)
     k, v = randn(1, 8, 1000, 128, dtype=dtype, seed=12), randn(1, 8, 1000, 128, dtype=dtype, seed=13)
     check_gradients(ir, [q, k, v], folder, 1000)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_explicit_positions_gradients(dtype_name: str, folder: Path) -> None:
+    """RoPE at explicit positions (a left-padded batch for q, [B, N]; a shard of a longer
+    sequence for k, [N]): output through the forward kernel, gradients through the backward."""
+    e = dtype_name
+    qt, kt = f"tensor<?x{HQ}x?x{D}x{e}>", f"tensor<?x{HKV}x?x{D}x{e}>"
+    ir = f"""func.func @f(%q: {qt}, %k: {kt}, %v: {kt}, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> {qt} {{
+  %qr = attn.rope %q half theta = 10000.0 rotary_dim = {D} positions(%qp : tensor<?x?xi64>) : {qt}
+  %kr = attn.rope %k half theta = 10000.0 rotary_dim = {D} positions(%kp : tensor<?xi32>) : {kt}
+  %s = attn.qk %qr, %kr : {qt}, {kt} -> !attn.scores<{HQ}>
+  %m = attn.mask %s causal : !attn.scores<{HQ}>
+  %p = attn.softmax %m : !attn.scores<{HQ}> -> !attn.probs<{HQ}>
+  %o = attn.pv %p, %v : !attn.probs<{HQ}>, {kt} -> {qt}
+  func.return %o : {qt}
+}}"""
+    dtype, n = DTYPES[dtype_name], 300
+    q, k, v = (
+        randn(*s, dtype=dtype, seed=20 + i) for i, s in enumerate([(B, HQ, n, D), (B, HKV, n, D), (B, HKV, n, D)])
+    )
+    qp = torch.stack([torch.arange(n) - 17, torch.arange(n) + 4000])
+    kp = (torch.arange(n) + 1000).to(torch.int32)
+    check_gradients(ir, [q, k, v, qp, kp], folder, n)
