@@ -1,0 +1,9 @@
+"""Integrations of AttnFuse with model libraries.
+
+- `attnfuse.integrations.transformers`: `apply(model)` makes a Hugging Face transformers 5.x model run
+  every attention layer as one AttnFuse variant, RoPE (and QK-norm) inside the kernel. Needs the
+  `hf` extra (`pip install 'attnfuse[hf]'`).
+
+Nothing here is imported by `import attnfuse`: each integration imports its library only when it is
+imported itself.
+"""

@@ -1,0 +1,586 @@
+"""Hugging Face transformers (5.x) models with AttnFuse attention: `apply(model) -> model`.
+
+::
+
+    from transformers import AutoModelForCausalLM
+    from attnfuse.integrations.transformers import apply
+
+    model = apply(AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B"))
+
+`apply` patches the model in place: every attention layer keeps its projections (q_proj, k_proj,
+v_proj, o_proj and, for Qwen3, q_norm/k_norm) and runs its attention as one AttnFuse variant with
+RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
+
+- every constant comes from the model's config: rope theta and scaling (`config.rope_parameters`:
+  default, linear, llama3, yarn), head dim, sliding windows (Mistral's `sliding_window`, the
+  `layer_types` of Qwen2/Qwen3, Gemma 2 and gpt-oss), Gemma 2's `attn_logit_softcapping` and
+  `query_pre_attn_scalar`, Qwen3's `rms_norm_eps`; gpt-oss's learned sinks and Qwen3's norm weights are
+  the layer's own parameters, passed to the kernel, so they get gradients;
+- RoPE rotates at Hugging Face's `position_ids` (left-padded, packed or offset batches);
+- a padding `attention_mask` reaches the attention as the 2-D key mask (through the attention
+  implementation "attnfuse" registered with transformers' `AttentionInterface` and
+  `AttentionMaskInterface`) and becomes a key predicate of the variant; without padding the
+  variant is plain causal (or windowed), which the compiler splits into skipped, full and partial
+  blocks; packed sequences (positions restarting, no mask, no cache) get a document mask, as in
+  transformers' own masks;
+- with a KV cache (`generate()`), K is rotated (and normalised) once, when written: the cache holds
+  rotated keys and a call that extends a cache runs the variant whose q is rotated in the kernel
+  at its positions and whose k is taken as is. A first call on an empty cache runs the fully fused
+  variant and also writes its rotated keys. Only dynamic caches (the default) are supported.
+
+Variants are built once per layer configuration (theta, scaling, norm, softcap, window, sinks,
+cached or not, mask kind) and shared by the layers that have it. Training works on every backend:
+the variants are differentiable. An architecture or option it does not handle (another model
+type, an unknown rope type, a partial rotary factor, cross-attention, bidirectional attention,
+attention dropout while training, a static cache, a 4-D attention mask) raises `AttnFuseError`
+naming it; `apply` never returns a model it left unpatched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import types
+from typing import Any
+
+import torch
+
+import attnfuse as af
+from attnfuse.errors import AttnFuseError
+from attnfuse.rope_freqs import inv_freq as _rope_inv_freq
+
+try:
+    import transformers
+    from transformers.cache_utils import DynamicLayer
+    from transformers.masking_utils import AttentionMaskInterface, find_packed_sequence_indices
+    from transformers.modeling_utils import AttentionInterface
+except ImportError as e:  # pragma: no cover - the optional extra is missing
+    raise ImportError("attnfuse.integrations.transformers needs transformers 5.x: pip install 'attnfuse[hf]'") from e
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "FAMILIES",
+    "LayerSpec",
+    "apply",
+    "layer_spec",
+    "rope_from_config",
+    "rotate",
+    "variant",
+]
+
+ATTN_IMPLEMENTATION = "attnfuse"
+"""The attention implementation name `apply` registers with transformers and sets on the model."""
+
+
+# --------------------------------------------------------------------------- families
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """What one model type's attention module holds: its class name, whether it has Qwen3's
+    q_norm/k_norm, Gemma 2's softcap and query_pre_attn_scalar, gpt-oss's sinks, and where its
+    sliding windows come from ("none", "config": `config.sliding_window` on every layer, or
+    "layer_types": `config.sliding_window` on the layers whose type is "sliding_attention")."""
+
+    attention: str
+    qk_norm: bool = False
+    gemma: bool = False
+    sinks: bool = False
+    windows: str = "none"
+
+
+FAMILIES: dict[str, _Family] = {
+    "llama": _Family("LlamaAttention"),
+    "mistral": _Family("MistralAttention", windows="config"),
+    "qwen2": _Family("Qwen2Attention", windows="layer_types"),
+    "qwen3": _Family("Qwen3Attention", qk_norm=True, windows="layer_types"),
+    "gemma2": _Family("Gemma2Attention", gemma=True, windows="layer_types"),
+    "gpt_oss": _Family("GptOssAttention", sinks=True, windows="layer_types"),
+}
+"""The supported `config.model_type`s."""
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """The attention of one layer, as read from the config: RoPE's theta, scaling (kind and
+    AttnFuse's parameters, or None) and rotary dim, the score scale, QK-norm's eps (None: no
+    QK-norm), the logit softcap, the sliding window (None: full causal) and whether the
+    softmax has learned sinks."""
+
+    head_dim: int
+    theta: float
+    scaling_kind: str | None
+    scaling: tuple[tuple[str, float | bool], ...]
+    scale: float
+    norm_eps: float | None = None
+    softcap: float | None = None
+    window: int | None = None
+    sinks: bool = False
+
+    def scaling_dict(self) -> dict[str, Any] | None:
+        """The scaling as `af.rope(scaling=...)` takes it."""
+        return None if self.scaling_kind is None else {"rope_type": self.scaling_kind, **dict(self.scaling)}
+
+
+def _family(config: Any) -> _Family:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers does not support model type {model_type!r} "
+            f"({type(config).__name__}); supported: {', '.join(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+def _check_config(config: Any) -> None:
+    """Options the integration does not handle, whatever the family."""
+    unsupported = {
+        "is_encoder_decoder": "cross-attention (an encoder-decoder model)",
+        "add_cross_attention": "cross-attention",
+        "use_bidirectional_attention": "bidirectional attention",
+    }
+    for key, what in unsupported.items():
+        if getattr(config, key, False):
+            raise AttnFuseError(f"attnfuse.integrations.transformers does not support {what}: config.{key} is set")
+    if not getattr(config, "is_causal", True):
+        raise AttnFuseError(
+            "attnfuse.integrations.transformers supports causal attention only: config.is_causal is False"
+        )
+
+
+# --------------------------------------------------------------------------- rope from the config
+
+
+def _yarn_params(params: dict[str, Any], config: Any) -> dict[str, Any]:
+    """transformers' YaRN defaults made explicit: a missing factor is max_position_embeddings /
+    original_max_position_embeddings, missing betas 32 and 1, and a missing attention_factor
+    comes from factor (and mscale / mscale_all_dim, when both are given)."""
+    params = dict(params)
+    if params.get("factor") is None:
+        params["factor"] = config.max_position_embeddings / params["original_max_position_embeddings"]
+    params["beta_fast"] = params.get("beta_fast") or 32.0
+    params["beta_slow"] = params.get("beta_slow") or 1.0
+    mscale, mscale_all_dim = params.pop("mscale", None), params.pop("mscale_all_dim", None)
+    if params.get("attention_factor") is None:
+        factor = float(params["factor"])
+
+        def get_mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+        both = bool(mscale) and bool(mscale_all_dim)
+        params["attention_factor"] = get_mscale(mscale) / get_mscale(mscale_all_dim) if both else get_mscale(1.0)
+    return params
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers needs config.rope_parameters with a rope_theta, got {params!r} "
+            "(per-layer-type rope parameters are not supported)"
+        )
+    return dict(params)
+
+
+def rope_from_config(config: Any) -> tuple[float, str | None, tuple[tuple[str, float | bool], ...]]:
+    """(theta, scaling kind or None, AttnFuse's scaling parameters) of `config.rope_parameters`.
+    Unknown rope types and a partial rotary factor raise `AttnFuseError`."""
+    params = _rope_parameters(config)
+    theta = float(params.pop("rope_theta"))
+    partial = params.pop("partial_rotary_factor", 1.0)
+    if partial not in (None, 1, 1.0):
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers does not support partial rotary embeddings "
+            f"(config partial_rotary_factor={partial})"
+        )
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", "linear", "llama3", "yarn"):
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers does not support rope type {kind!r} "
+            "(supported: default, linear, llama3, yarn)"
+        )
+    if kind == "default":
+        return theta, None, ()
+    if kind == "yarn":
+        params = _yarn_params(params, config)
+    try:
+        attr = af.rope_scaling(params)
+    except AttnFuseError as e:
+        raise AttnFuseError(f"config.rope_parameters: {e}") from None
+    assert attr is not None
+    return theta, kind, tuple(sorted(attr.values.items()))
+
+
+# --------------------------------------------------------------------------- one layer's spec
+
+
+def _window(config: Any, family: _Family, layer_idx: int) -> int | None:
+    window = None
+    if family.windows == "config":
+        window = getattr(config, "sliding_window", None)
+    elif family.windows == "layer_types":
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+        layer_type = layer_types[layer_idx]
+        if layer_type not in _LAYER_TYPES:
+            raise AttnFuseError(
+                f"attnfuse.integrations.transformers does not support layer type {layer_type!r} (layer {layer_idx}); "
+                f"supported: {', '.join(_LAYER_TYPES)}"
+            )
+        window = config.sliding_window if layer_type == "sliding_attention" else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise AttnFuseError(f"config.sliding_window must be a positive integer, got {window!r}")
+    return window
+
+
+def _head_dim(config: Any, module: torch.nn.Module) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q_proj = getattr(module, "q_proj", None)
+    if not isinstance(q_proj, torch.nn.Linear) or q_proj.out_features != config.num_attention_heads * head_dim:
+        raise AttnFuseError(
+            f"{type(module).__name__}: expected a q_proj Linear with num_attention_heads * head_dim = "
+            f"{config.num_attention_heads} * {head_dim} outputs"
+        )
+    return int(head_dim)
+
+
+def layer_spec(config: Any, module: torch.nn.Module, layer_idx: int) -> LayerSpec:
+    """The `LayerSpec` of the attention module of layer `layer_idx`, read from `config`."""
+    family = _family(config)
+    head_dim = _head_dim(config, module)
+    theta, kind, scaling = rope_from_config(config)
+    scale = head_dim**-0.5
+    softcap = None
+    if family.gemma:
+        scale = float(config.query_pre_attn_scalar) ** -0.5
+        cap = config.attn_logit_softcapping
+        softcap = None if cap is None else float(cap)
+    return LayerSpec(
+        head_dim=head_dim,
+        theta=theta,
+        scaling_kind=kind,
+        scaling=scaling,
+        scale=scale,
+        norm_eps=float(config.rms_norm_eps) if family.qk_norm else None,
+        softcap=softcap,
+        window=_window(config, family, layer_idx),
+        sinks=family.sinks,
+    )
+
+
+# --------------------------------------------------------------------------- the variants
+
+
+def _argument_names(spec: LayerSpec, cached: bool, mask: str) -> list[str]:
+    names = ["q", "k", "v", "q_positions"]
+    if not cached:
+        names.append("k_positions")
+    if spec.norm_eps is not None:
+        names += ["q_norm_weight"] if cached else ["q_norm_weight", "k_norm_weight"]
+    if spec.sinks:
+        names.append("sinks")
+    if mask == "padded":
+        names.append("key_ok")
+    elif mask == "packed":
+        names.append("doc_ids")
+    return names
+
+
+def _rotated(spec: LayerSpec, x: Any, weight: Any, positions: Any) -> Any:
+    if spec.norm_eps is not None:
+        x = af.qk_norm(x, weight, eps=spec.norm_eps)
+    return af.rope(x, theta=spec.theta, scaling=spec.scaling_dict(), positions=positions)
+
+
+def _masked(spec: LayerSpec, s: Any, mask: str, a: dict[str, Any]) -> Any:
+    s = af.mask(s, af.causal if spec.window is None else af.sliding_window(spec.window))
+    if mask == "padded":
+        key_ok = a["key_ok"]
+        s = af.mask(s, lambda b, h, q_idx, kv_idx: key_ok[b, kv_idx])
+    elif mask == "packed":
+        s = af.mask(s, af.document(a["doc_ids"]))
+    return s
+
+
+@functools.cache
+def variant(spec: LayerSpec, cached: bool, mask: str) -> af.Variant:
+    """The AttnFuse variant of a layer: `cached` False rotates q and k in the kernel (arguments
+    q, k, v, q_positions, k_positions, ...), True only q (k comes rotated from the cache); `mask`
+    is "causal" (plain causal or windowed), "padded" (and a bool key mask `key_ok` [B, Nk]) or
+    "packed" (and document ids `doc_ids` [B, Nk]). Built once per arguments."""
+    names = _argument_names(spec, cached, mask)
+
+    def attention(*args: Any) -> Any:
+        a = dict(zip(names, args, strict=True))
+        q = _rotated(spec, a["q"], a.get("q_norm_weight"), a["q_positions"])
+        k = a["k"] if cached else _rotated(spec, a["k"], a.get("k_norm_weight"), a["k_positions"])
+        s = af.qk(q, k, scale=spec.scale)
+        if spec.softcap is not None:
+            s = af.softcap(s, spec.softcap)
+        s = _masked(spec, s, mask, a)
+        return af.pv(af.softmax(s, sink=a.get("sinks")), a["v"])
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    attention.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in names])  # type: ignore[attr-defined]
+    return af.Variant(attention, name="hf_cached" if cached else "hf_fused")
+
+
+# --------------------------------------------------------------------------- keys written to the cache
+
+
+@functools.cache
+def _frequencies(spec: LayerSpec) -> tuple[torch.Tensor, float]:
+    """RoPE's inverse frequencies (float32 [head_dim / 2], on the CPU) and cos/sin magnitude,
+    exactly those the kernels use (`attnfuse.rope_freqs`)."""
+    freqs, magnitude = _rope_inv_freq(spec.theta, spec.head_dim, spec.scaling_kind, **dict(spec.scaling))
+    return torch.tensor(freqs, dtype=torch.float32), magnitude
+
+
+def rotate(spec: LayerSpec, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x [B, H, N, D] rotated ("half" style) at `positions` ([B, N] or [N]) with the layer's
+    frequencies, computed in float32 and returned in x's dtype: the keys a cache holds."""
+    freqs, magnitude = _frequencies(spec)
+    angle = positions.to(torch.float32)[..., None] * freqs.to(x.device)
+    if angle.dim() == 3:
+        angle = angle[:, None]
+    cos, sin = torch.cos(angle) * magnitude, torch.sin(angle) * magnitude
+    half = spec.head_dim // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def _cached_keys(module: Any, spec: LayerSpec, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    if spec.norm_eps is not None:
+        k = module.k_norm(k)
+    return rotate(spec, k, positions)
+
+
+# --------------------------------------------------------------------------- the patched forward
+
+
+def _cache_of(kwargs: dict[str, Any]) -> Any:
+    """The cache argument: `cache` in transformers >= 5.2x, `past_key_values` before."""
+    cache = kwargs.pop("cache", None)
+    legacy = kwargs.pop("past_key_values", None)
+    return legacy if cache is None else cache
+
+
+def _check_cache_layer(cache: Any, layer_idx: int) -> None:
+    layers = getattr(cache, "layers", None)
+    layer = layers[layer_idx] if layers is not None and layer_idx < len(layers) else cache
+    if not isinstance(layer, DynamicLayer):
+        what = type(layer).__name__
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers supports dynamic caches (DynamicCache) only, got {what} "
+            f"at layer {layer_idx}"
+        )
+
+
+def _positions(position_ids: torch.Tensor | None, past: int, b: int, n: int, device: torch.device) -> torch.Tensor:
+    """RoPE positions for the n new tokens: `position_ids` ([B, N]; a [1, N] shared by a batch
+    as [N]), or past..past+n-1 without them (transformers' default)."""
+    if position_ids is None:
+        return torch.arange(past, past + n, device=device)
+    if position_ids.dim() == 2 and position_ids.shape[0] == 1 and b != 1:
+        return position_ids[0]
+    return position_ids
+
+
+class _PackedMemo:
+    """The document ids of packed `position_ids`, computed once per forward (every layer gets
+    the same tensor): transformers' `find_packed_sequence_indices`, None when not packed."""
+
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    def __call__(self, position_ids: torch.Tensor, b: int) -> torch.Tensor | None:
+        if self.key is not position_ids or torch.compiler.is_compiling():
+            self.value = find_packed_sequence_indices(position_ids.expand(b, -1))
+            self.key = position_ids
+        return self.value
+
+
+_packed = _PackedMemo()
+
+
+def _mask(
+    attention_mask: object, cache: Any, position_ids: torch.Tensor | None, b: int
+) -> tuple[str, torch.Tensor | None]:
+    """("causal", None), ("padded", key mask [B, Nk]) or ("packed", document ids [B, N])."""
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            raise AttnFuseError(
+                "attnfuse.integrations.transformers takes a 2-D padding attention_mask [B, N] (or none); "
+                f"got {type(attention_mask).__name__} of shape {list(getattr(attention_mask, 'shape', []))}: "
+                "a 4-D or block mask is not supported"
+            )
+        return "padded", attention_mask.to(torch.bool)
+    if cache is None and position_ids is not None:
+        docs = _packed(position_ids, b)
+        if docs is not None:
+            return "packed", docs
+    return "causal", None
+
+
+def _extras(module: Any, spec: LayerSpec, cached: bool, mask_arg: torch.Tensor | None) -> list[torch.Tensor]:
+    extras: list[torch.Tensor] = []
+    if spec.norm_eps is not None:
+        extras += [module.q_norm.weight] if cached else [module.q_norm.weight, module.k_norm.weight]
+    if spec.sinks:
+        extras.append(module.sinks)
+    if mask_arg is not None:
+        extras.append(mask_arg)
+    return extras
+
+
+def _check_call(module: Any) -> None:
+    if module.training and module.attention_dropout > 0:
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers does not support attention dropout in training "
+            f"({type(module).__name__}.attention_dropout = {module.attention_dropout}); set config.attention_dropout "
+            "to 0 or call model.eval()"
+        )
+
+
+def _attend(
+    module: Any,
+    spec: LayerSpec,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    attention_mask: object,
+    cache: Any,
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The attention output [B, Hq, N, D] of the new tokens' q, k, v [B, H, N, D]."""
+    q, k, v = qkv
+    b, n = q.shape[0], q.shape[2]
+    layer_idx = module.layer_idx
+    past = 0 if cache is None else cache.get_seq_length(layer_idx)
+    positions = _positions(position_ids, past, b, n, q.device)
+    mask, mask_arg = _mask(attention_mask, cache, position_ids, b)
+    cached = past > 0
+    if cache is not None:
+        rotated, v_all = cache.update(_cached_keys(module, spec, k, positions), v, layer_idx)
+        _check_cache_layer(cache, layer_idx)
+        if cached:
+            k, v = rotated, v_all
+    if mask_arg is not None and mask == "padded" and mask_arg.shape[-1] != k.shape[2]:
+        raise AttnFuseError(
+            f"attention_mask covers {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}"
+        )
+    extras = _extras(module, spec, cached, mask_arg)
+    head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
+    return variant(spec, cached, mask)(*head, *extras)
+
+
+def _attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: object = None,
+    attention_mask: object = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """An attention module's forward under `apply`: projections, then one AttnFuse variant with
+    RoPE (and QK-norm) inside, then o_proj. Returns (output, None): no attention weights."""
+    cache = _cache_of(kwargs)
+    _check_call(self)
+    spec: LayerSpec = self._attnfuse_spec
+    b, n = hidden_states.shape[:2]
+    shape = (b, n, -1, spec.head_dim)
+    q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+    k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    out = _attend(self, spec, (q, k, v), attention_mask, cache, kwargs.get("position_ids"))
+    return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), None
+
+
+# --------------------------------------------------------------------------- registration and apply
+
+
+def _unpatched_attention(module: Any, *args: Any, **kwargs: Any) -> Any:
+    """The "attnfuse" entry of transformers' AttentionInterface: reached only by an attention
+    module `apply` did not patch."""
+    raise AttnFuseError(
+        f"{type(module).__name__} was not patched by attnfuse.integrations.transformers.apply, yet the model's "
+        f"attention implementation is {ATTN_IMPLEMENTATION!r}"
+    )
+
+
+def _padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: object = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """The "attnfuse" entry of transformers' AttentionMaskInterface: the 2-D padding mask of the
+    kv_length keys a layer attends to (bool [B, kv_length]), or None without padding. Causality,
+    windows and packing are the variant's business."""
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask[:, -kv_length:]
+    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+def _register() -> None:
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _unpatched_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask)
+
+
+def _attention_modules(model: torch.nn.Module, family: _Family, config: Any) -> list[Any]:
+    modules = [m for m in model.modules() if type(m).__name__ == family.attention]
+    layers = [getattr(m, "layer_idx", None) for m in modules]
+    if sorted(i for i in layers if isinstance(i, int)) != list(range(config.num_hidden_layers)):
+        raise AttnFuseError(
+            f"expected one {family.attention} per layer (layers 0..{config.num_hidden_layers - 1}), found layers "
+            f"{layers}"
+        )
+    return modules
+
+
+def _check_version() -> None:
+    major = int(transformers.__version__.split(".")[0])
+    if major != 5:
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers supports transformers 5.x, found {transformers.__version__}"
+        )
+
+
+def apply(model: Any) -> Any:
+    """Patch the Hugging Face model `model` in place so that every attention layer runs one
+    AttnFuse variant with RoPE (and Qwen3's QK-norm) inside the kernel; returns `model`.
+
+    Supported: Llama (default, linear, llama3 and yarn rope), Mistral, Qwen2, Qwen3, Gemma 2 and
+    gpt-oss (`config.model_type` llama, mistral, qwen2, qwen3, gemma2, gpt_oss), with their
+    sliding windows, softcap, QK-norm and sinks read from the config and the layers. The model's
+    attention implementation becomes "attnfuse". Padding masks, `position_ids`, packed sequences,
+    training and `generate()` with the default dynamic cache work. Anything else raises
+    `AttnFuseError` naming it, before the model is changed."""
+    _check_version()
+    config = getattr(model, "config", None)
+    set_implementation = getattr(model, "set_attn_implementation", None)
+    if not isinstance(model, torch.nn.Module) or config is None or set_implementation is None:
+        raise AttnFuseError(f"apply expects a transformers PreTrainedModel, got {type(model).__name__}")
+    family = _family(config)
+    _check_config(config)
+    modules = _attention_modules(model, family, config)
+    specs = [layer_spec(config, m, m.layer_idx) for m in modules]
+    _register()
+    set_implementation(ATTN_IMPLEMENTATION)
+    if config._attn_implementation != ATTN_IMPLEMENTATION:
+        raise AttnFuseError(
+            f"{type(model).__name__} refused the attention implementation {ATTN_IMPLEMENTATION!r} "
+            f"(it kept {config._attn_implementation!r})"
+        )
+    for module, spec in zip(modules, specs, strict=True):
+        module._attnfuse_spec = spec
+        module.forward = types.MethodType(_attention_forward, module)
+    return model
