@@ -374,6 +374,20 @@ class BackwardLowering(Lowering):
             self.partials.append(f"{name}_part")
 
     # ------------------------------------------------------------------ kernels
+    def loop_params(self, p: Params) -> tuple:
+        """The parameters the dK/dV and dQ kernels share: the q and k tiles' sources, v, dout,
+        lse, delta, NQ, NK, BLOCK_M and BLOCK_N."""
+        qs, ks, v = self.source(p, self.q), self.source(p, self.k), self.tensor(p, self.chains.v_arg)
+        do = self.typed_tensor(p, "dout", self.host_of(1), self.dtype)
+        lse_ptr = p.param("Lse", tl.PointerType(f32), self.host_of(2))
+        delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
+        q_name, k_name = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        nq = p.param("NQ", i32, f"{q_name}.shape[2]")
+        nk = p.param("NK", i32, f"{k_name}.shape[2]")
+        block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
+        block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
+        return qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n
+
     def pre_kernel(self) -> KernelCall:
         """`attn_bwd_pre`: delta = rowsum(dout * out); with a sink, each program's share of
         -sum(exp(sink - lse) * delta)."""
@@ -417,15 +431,7 @@ class BackwardLowering(Lowering):
         p = Params()
         kb = KernelBuilder(p, p.block)
         bkey, bq = self.block_m, self.block_n
-        qs, ks, v = self.source(p, self.q), self.source(p, self.k), self.tensor(p, self.chains.v_arg)
-        do = self.typed_tensor(p, "dout", self.host_of(1), self.dtype)
-        lse_ptr = p.param("Lse", tl.PointerType(f32), self.host_of(2))
-        delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
-        q_name, k_name = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
-        nq = p.param("NQ", i32, f"{q_name}.shape[2]")
-        nk = p.param("NK", i32, f"{k_name}.shape[2]")
-        block_m = p.param("BLOCK_M", i32, str(bkey), constexpr=True)
-        block_n = p.param("BLOCK_N", i32, str(bq), constexpr=True)
+        qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = self.loop_params(p)
         pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
         pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
         b = kb.floordiv(pid_bh, self.hkv, hint="b")
@@ -533,30 +539,12 @@ class BackwardLowering(Lowering):
         p = Params()
         kb = KernelBuilder(p, p.block)
         bm, bn = self.block_m, self.block_n
-        qs, ks, v = self.source(p, self.q), self.source(p, self.k), self.tensor(p, self.chains.v_arg)
-        do = self.typed_tensor(p, "dout", self.host_of(1), self.dtype)
-        lse_ptr = p.param("Lse", tl.PointerType(f32), self.host_of(2))
-        delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
-        q_name, k_name = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
-        nq = p.param("NQ", i32, f"{q_name}.shape[2]")
-        nk = p.param("NK", i32, f"{k_name}.shape[2]")
-        block_m = p.param("BLOCK_M", i32, str(bm), constexpr=True)
-        block_n = p.param("BLOCK_N", i32, str(bn), constexpr=True)
-        pid_bh = kb.emit(tl.ProgramIdOp(0), "pid_bh")
-        num_q_blocks = kb.emit(tl.NumProgramsOp(1), "num_q_blocks")
-        pid_m = kb.sub(kb.sub(num_q_blocks, 1), kb.emit(tl.ProgramIdOp(1), "q_block"), hint="pid_m")
-        b = kb.floordiv(pid_bh, self.hq, hint="b")
-        h = kb.rem(pid_bh, self.hq, hint="h")
-        hk = kb.floordiv(h, self.hq // self.hkv, hint="h_kv") if self.hq != self.hkv else h
-        b_off, h_off = kb.cast(b, i64, hint="b_off"), kb.cast(h, i64, hint="h_off")
-        hk_off = kb.cast(hk, i64, hint="hk_off") if hk is not h else h_off
-        m_start = kb.mul(pid_m, block_m, hint="m_start")
-        m_off = kb.cast(m_start, i64, hint="m_off")
-        rows_m = kb.arange(block_m, hint="rows_m")
-        offs_m = kb.add(m_start, rows_m, hint="offs_m")
-        row_ok = kb.cmp("<", offs_m, nq, hint="row_ok")
-        shift = kb.sub(nk, nq, hint="q_shift")
-        q_pos = kb.add(offs_m, shift, hint="q_pos")
+        qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = self.loop_params(p)
+        q_name = self.host_name(self.chains.q_arg)
+        ids = self.q_program(kb, block_m, nq, nk)
+        pid_bh, num_q_blocks, pid_m, b, h = ids.pid_bh, ids.num_q_blocks, ids.pid_m, ids.b, ids.h
+        b_off, h_off, hk_off, m_start, m_off = ids.b_off, ids.h_off, ids.hk_off, ids.m_start, ids.m_off
+        rows_m, offs_m, row_ok, shift, q_pos = ids.rows_m, ids.offs_m, ids.row_ok, ids.shift, ids.q_pos
         q_t = self.tile(kb, qs, self.base(kb, qs, b_off, h_off), m_off, rows_m, row_ok, self.d, "q")
         q_s = kb.cast(kb.mul(kb.cast(q_t, f32), self.tile_scale), self.dtype, hint="q_scaled")
         do_t = self.tile(kb, do, self.base(kb, do, b_off, h_off), m_off, rows_m, row_ok, self.dv, "do")

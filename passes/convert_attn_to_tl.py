@@ -105,6 +105,29 @@ class ScoreCtx:
 
 
 @dataclass
+class QProgram:
+    """A program's Q block, batch and heads (`Lowering.q_program`)."""
+
+    pid_bh: SSAValue
+    num_q_blocks: SSAValue
+    pid_m: SSAValue
+    b: SSAValue
+    h: SSAValue
+    b_off: SSAValue
+    h_off: SSAValue
+    hk_off: SSAValue
+    """b, h and the kv head as int64 (they multiply strides)."""
+    m_start: SSAValue
+    m_off: SSAValue
+    rows_m: SSAValue
+    offs_m: SSAValue
+    row_ok: SSAValue
+    shift: SSAValue
+    """Nk - Nq: the position of the first query."""
+    q_pos: SSAValue
+
+
+@dataclass
 class QBlock:
     """What the prologue of `attn_fwd` leaves for the KV steps and the epilogue."""
 
@@ -343,24 +366,11 @@ class Lowering:
         grid = [f"{q}.shape[0] * {self.hq}", f"triton.cdiv({q}.shape[2], {self.block_m})"]
         return KernelCall(self.kernel("attn_fwd", p), p, grid, self.num_warps, self.num_stages)
 
-    def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
-        """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""
-        chains = self.chains
-        q = self.tensor(p, chains.q_arg)
-        pre = self.k_placement == Placement.PREROTATE
-        k = self.tensor(p, chains.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
-        v = self.tensor(p, chains.v_arg)
-        out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
-        out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
-        lse_ptr = p.param("Lse", tl.PointerType(f32), "lse")
-        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
-        nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
-        block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
-        block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
-
-        # Grid (batch x heads, Q blocks), Q blocks walked from the last: with a causal mask the
-        # last Q blocks do the most work, and starting them first shortens the tail of the
-        # launch (11-12% at N=4096 on the H200, benchmarks/NOTES.md).
+    def q_program(self, kb: KernelBuilder, block_m: SSAValue, nq: SSAValue, nk: SSAValue) -> QProgram:
+        """The program's Q block, batch and heads, on a grid (batch x heads, Q blocks)."""
+        # Q blocks walked from the last: with a causal mask the last Q blocks do the most
+        # work, and starting them first shortens the tail of the launch (11-12% at N=4096 on
+        # the H200, benchmarks/NOTES.md).
         pid_bh = kb.emit(tl.ProgramIdOp(0), "pid_bh")
         num_q_blocks = kb.emit(tl.NumProgramsOp(1), "num_q_blocks")
         pid_m = kb.sub(kb.sub(num_q_blocks, 1), kb.emit(tl.ProgramIdOp(1), "q_block"), hint="pid_m")
@@ -377,6 +387,57 @@ class Lowering:
         row_ok = kb.cmp("<", offs_m, nq, hint="row_ok")
         shift = kb.sub(nk, nq, hint="q_shift")
         q_pos = kb.add(offs_m, shift, hint="q_pos")
+        return QProgram(
+            pid_bh,
+            num_q_blocks,
+            pid_m,
+            b,
+            h,
+            b_off,
+            h_off,
+            hk_off,
+            m_start,
+            m_off,
+            rows_m,
+            offs_m,
+            row_ok,
+            shift,
+            q_pos,
+        )
+
+    def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
+        """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""
+        chains = self.chains
+        q = self.tensor(p, chains.q_arg)
+        pre = self.k_placement == Placement.PREROTATE
+        k = self.tensor(p, chains.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
+        v = self.tensor(p, chains.v_arg)
+        out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
+        out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
+        lse_ptr = p.param("Lse", tl.PointerType(f32), "lse")
+        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
+        nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+        block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
+        block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
+
+        ids = self.q_program(kb, block_m, nq, nk)
+        pid_bh, pid_m, b, h, b_off, h_off, hk_off = (
+            ids.pid_bh,
+            ids.pid_m,
+            ids.b,
+            ids.h,
+            ids.b_off,
+            ids.h_off,
+            ids.hk_off,
+        )
+        m_off, rows_m, offs_m, row_ok, shift, q_pos = (
+            ids.m_off,
+            ids.rows_m,
+            ids.offs_m,
+            ids.row_ok,
+            ids.shift,
+            ids.q_pos,
+        )
 
         # Q: load, transform, fold the scale (and log2 e), cast once.
         q_bh = kb.add(kb.add(q.ptr, kb.mul(b_off, q.strides[0])), kb.mul(h_off, q.strides[1]))
