@@ -1,0 +1,339 @@
+"""Hugging Face transformers models under `attnfuse.integrations.transformers.apply` (issue 12, items 2-3).
+
+Tiny random models of each family (2 layers, hidden 64, 4 query / 2 kv heads of dim 16, vocab 64,
+at most 16 tokens), fp32, the generated kernels run by the Triton interpreter (`interpret`
+backend), each against the same model with transformers' eager attention (the weights copied):
+
+- logits within 1e-4 relative L2;
+- the gradient of every parameter (of the causal-LM loss of random labels) within 1e-3, Qwen3's
+  q_norm/k_norm weights and gpt-oss's sinks included;
+- a left-padded batch (with the position_ids `generate()` would make) on its real tokens;
+- greedy `generate()` with the KV cache: the same tokens;
+- packed sequences (positions restarting, no mask) for Llama;
+- unsupported models, configs and caches raise `AttnFuseError`, and a failed `apply` leaves the model as it was.
+
+The configs set windows (5) shorter than the sequences, Gemma 2's softcap and query_pre_attn_scalar
+to values that matter, llama3 and YaRN rope scaling to contexts where they change frequencies, and
+random norm weights and sinks.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import transformers  # noqa: E402
+
+import attnfuse as af  # noqa: E402
+from attnfuse.integrations.transformers import ATTN_IMPLEMENTATION, apply  # noqa: E402
+
+LOGITS_TOLERANCE = 1e-4
+GRAD_TOLERANCE = 1e-3
+VOCAB = 64
+N = 12
+NEW_TOKENS = 4
+
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _llama() -> object:
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return transformers.LlamaConfig(**TINY, rope_parameters=rope)
+
+
+def _mistral() -> object:
+    return transformers.MistralConfig(**TINY, sliding_window=5)
+
+
+def _qwen2() -> object:
+    return transformers.Qwen2Config(**TINY, use_sliding_window=True, sliding_window=5, max_window_layers=1)
+
+
+def _qwen3() -> object:
+    return transformers.Qwen3Config(**TINY, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+
+def _gemma2() -> object:
+    return transformers.Gemma2Config(
+        **TINY, sliding_window=5, query_pre_attn_scalar=24, attn_logit_softcapping=1.0, final_logit_softcapping=30.0
+    )
+
+
+def _gpt_oss() -> object:
+    tiny = {**TINY, "max_position_embeddings": 4096}
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 128,
+    }
+    return transformers.GptOssConfig(
+        **tiny, sliding_window=5, num_local_experts=4, num_experts_per_tok=2, rope_parameters=rope
+    )
+
+
+CONFIGS: dict[str, tuple[str, Callable[[], object]]] = {
+    "llama": ("LlamaForCausalLM", _llama),
+    "mistral": ("MistralForCausalLM", _mistral),
+    "qwen2": ("Qwen2ForCausalLM", _qwen2),
+    "qwen3": ("Qwen3ForCausalLM", _qwen3),
+    "gemma2": ("Gemma2ForCausalLM", _gemma2),
+    "gpt_oss": ("GptOssForCausalLM", _gpt_oss),
+}
+FAMILIES = [name for name, (cls, _) in CONFIGS.items() if hasattr(transformers, cls)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """A private kernel cache folder for this module's interpreted kernels, and the interpreter."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("hf-cache")))
+        with af.backend("interpret"):
+            yield
+
+
+def _randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Norm weights and sinks away from their initial ones and zeros (torch.empty for sinks)."""
+    for name, p in model.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            p.data = 1.0 + 0.5 * torch.randn(p.shape, generator=gen)
+        elif name.endswith("sinks"):
+            p.data = torch.randn(p.shape, generator=gen)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def models(request) -> tuple[str, torch.nn.Module, torch.nn.Module]:
+    """(family, the eager model, a copy patched by `apply`), fp32, eval mode."""
+    family = request.param
+    cls_name, make_config = CONFIGS[family]
+    torch.manual_seed(0)
+    eager = getattr(transformers, cls_name)(make_config()).float().eval()
+    _randomise(eager, torch.Generator().manual_seed(1))
+    eager.set_attn_implementation("eager")
+    patched = apply(copy.deepcopy(eager))
+    return family, eager, patched
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double(), ref.detach().double()
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def _ids(b: int, n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _left_padded() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [3, N] with 0, 3 and 7 padding tokens first, the mask, and generate()'s position_ids."""
+    ids = _ids(3, N, seed=2)
+    mask = torch.ones(3, N, dtype=torch.long)
+    for row, pad in enumerate((0, 3, 7)):
+        mask[row, :pad] = 0
+        ids[row, :pad] = 0
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return ids, mask, positions
+
+
+# --------------------------------------------------------------------------- per family
+
+
+def test_patched(models):
+    family, eager, patched = models
+    assert patched.config._attn_implementation == ATTN_IMPLEMENTATION
+    assert eager.config._attn_implementation == "eager"
+    specs = [m._attnfuse_spec for m in patched.modules() if hasattr(m, "_attnfuse_spec")]
+    assert len(specs) == 2
+    windows = {"llama": [None, None], "mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None]}
+    assert [s.window for s in specs] == windows.get(family, [5, None])  # gemma2, gpt_oss: sliding, full
+
+
+def test_logits(models):
+    family, eager, patched = models
+    ids = _ids(2, N)
+    with torch.no_grad():
+        want = eager(ids, use_cache=False).logits
+        assert rel_l2(patched(ids, use_cache=False).logits, want) < LOGITS_TOLERANCE
+        assert rel_l2(patched(ids).logits, want) < LOGITS_TOLERANCE  # a fresh cache: written with rotated keys
+
+
+def _loss(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """transformers' own causal-LM loss, as a training step computes it (with the model's default
+    use_cache: the patched model also writes rotated keys to a cache nobody reads)."""
+    return model(ids, labels=targets).loss
+
+
+def test_gradients(models):
+    family, eager, patched = models
+    ids, targets = _ids(2, N, seed=3), _ids(2, N, seed=4)
+    eager.train(), patched.train()
+    try:
+        for model in (eager, patched):
+            model.zero_grad()
+            _loss(model, ids, targets).backward()
+    finally:
+        eager.eval(), patched.eval()
+    got = dict(patched.named_parameters())
+    checked = []
+    for name, p in eager.named_parameters():
+        if p.grad is None:
+            continue
+        grad = got[name].grad
+        assert grad is not None, name
+        assert rel_l2(grad, p.grad) < GRAD_TOLERANCE, name
+        checked.append(name)
+    special = {"qwen3": "self_attn.k_norm.weight", "gpt_oss": "self_attn.sinks"}.get(family)
+    assert special is None or any(n.endswith(special) for n in checked)
+    assert any(n.endswith("q_proj.weight") for n in checked)
+
+
+def test_left_padded(models):
+    family, eager, patched = models
+    ids, mask, positions = _left_padded()
+    real = mask.bool()
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        got = patched(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    assert rel_l2(got[real], want[real]) < LOGITS_TOLERANCE
+
+
+def test_generate(models):
+    """Greedy decoding of a left-padded batch: the same tokens, and the same scores at every step
+    (decode runs the variant whose keys come rotated from the cache)."""
+    family, eager, patched = models
+    ids, mask, _ = _left_padded()
+    kwargs = dict(
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    want = eager.generate(ids, **kwargs)
+    got = patched.generate(ids, **kwargs)
+    assert want.sequences.shape == (3, N + NEW_TOKENS)
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.scores, want.scores, strict=True)):
+        assert rel_l2(a, b) < LOGITS_TOLERANCE, step
+
+
+def test_generate_unpadded(models):
+    family, eager, patched = models
+    ids = _ids(1, 7, seed=5)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert torch.equal(patched.generate(ids, **kwargs), eager.generate(ids, **kwargs))
+
+
+# --------------------------------------------------------------------------- Llama only
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(_llama()).eval()
+    eager.set_attn_implementation("eager")
+    return eager, apply(copy.deepcopy(eager))
+
+
+def test_packed_sequences(llama):
+    """Positions restarting at 0 without a mask: documents packed in one row attend within themselves."""
+    eager, patched = llama
+    ids = _ids(2, N, seed=6)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6], list(range(N))])
+    with torch.no_grad():
+        want = eager(ids, position_ids=positions, use_cache=False).logits
+        got = patched(ids, position_ids=positions, use_cache=False).logits
+    assert rel_l2(got, want) < LOGITS_TOLERANCE
+
+
+def test_static_cache_refused(llama):
+    _, patched = llama
+    with pytest.raises(af.AttnFuseError, match="dynamic caches"):
+        patched.generate(_ids(1, 4), max_new_tokens=2, do_sample=False, cache_implementation="static")
+
+
+def test_dropout_in_training_refused(llama):
+    _, patched = llama
+    model = copy.deepcopy(patched)
+    for m in model.modules():
+        if hasattr(m, "_attnfuse_spec"):
+            m.attention_dropout = 0.1
+    model.eval()(_ids(1, 4))  # no dropout in eval mode
+    with pytest.raises(af.AttnFuseError, match="attention dropout in training"):
+        model.train()(_ids(1, 4))
+
+
+# --------------------------------------------------------------------------- unsupported
+
+
+def _refused(model: torch.nn.Module, match: str) -> None:
+    before = model.config._attn_implementation
+    with pytest.raises(af.AttnFuseError, match=match):
+        apply(model)
+    assert model.config._attn_implementation == before
+    assert not any(hasattr(m, "_attnfuse_spec") for m in model.modules())
+
+
+def test_unsupported_architecture():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=32)
+    _refused(transformers.GPT2LMHeadModel(config), "model type 'gpt2'")
+
+
+@pytest.mark.parametrize(
+    ("rope", "match"),
+    [
+        ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, "rope type 'dynamic'"),
+        ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, "partial rotary"),
+    ],
+    ids=["dynamic-rope", "partial-rotary"],
+)
+def test_unsupported_rope(rope, match):
+    config = transformers.LlamaConfig(**{**TINY, "num_hidden_layers": 1})
+    model = transformers.LlamaForCausalLM(config)
+    model.config.rope_parameters = rope
+    _refused(model, match)
+
+
+def test_bidirectional_refused():
+    if "gemma2" not in FAMILIES:
+        pytest.skip("no Gemma 2 in this transformers")
+    config = transformers.Gemma2Config(**{**TINY, "num_hidden_layers": 1})
+    model = transformers.Gemma2ForCausalLM(config)
+    model.config.use_bidirectional_attention = True
+    _refused(model, "bidirectional")
+
+
+def test_core_import_is_free_of_transformers():
+    code = "import sys, attnfuse, attnfuse.variants, attnfuse.integrations; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
