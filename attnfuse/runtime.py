@@ -13,14 +13,15 @@ Backends:
 
 Every backend is differentiable. `reference` is plain PyTorch autograd over the eager
 executor. On `triton` and `interpret`, a call that needs a gradient (grad mode on and an
-input requiring grad) runs through the `attnfuse::attention` custom op
-(`attnfuse.autograd`): it saves q, k, v, the extra tensors, out and lse, and its backward
+input requiring grad) is recorded by `attnfuse.autograd` (eagerly through an autograd
+Function, the twin of the `attnfuse::attention` custom op that torch.compile traces): it
+saves q, k, v, the extra tensors, out and lse, and its backward
 launches a backward kernel the compiler derives from the variant's IR, for exactly the
 inputs that require grad (compiled and cached per set of inputs, on the first such call;
 a gradient the compiler cannot form, such as one with respect to ALiBi slopes, is an
 `AttnFuseError` there). bfloat16 on the interpreter runs the float32 backward kernel.
 Double backward is an `AttnFuseError`. Calls needing no gradient launch the forward
-kernel directly, with no custom-op overhead. While the compile function in effect builds
+kernel directly. While the compile function in effect builds
 no backward (one without a `direction` parameter, see `cache.CompileFn`), a call needing a
 gradient is refused with an `AttnFuseError` rather than return a detached output.
 
@@ -219,12 +220,12 @@ def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequ
 def _differentiable(
     target: autograd.KernelTarget, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequence[object]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) through the `attnfuse::attention` op, which autograd records. The backward
-    kernel for the inputs requiring grad is compiled first, so that a gradient the
-    compiler cannot form is an error here, not in the backward pass."""
+    """(out, lse), recorded by autograd (`autograd.eager_attention`). The backward kernel for
+    the inputs requiring grad is compiled first, so that a gradient the compiler cannot
+    form is an error here, not in the backward pass."""
     extras = cast(list[torch.Tensor], list(tensors))
     target.backward_launch(tuple(i for i, x in enumerate((q, k, v, *extras)) if x.requires_grad))
-    return autograd.attention(target.key, q, k, v, extras)
+    return autograd.eager_attention(target, q, k, v, extras)
 
 
 class Kernel:
