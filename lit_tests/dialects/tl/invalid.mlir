@@ -141,3 +141,23 @@ tl.kernel @axis_type() {
 }
 // CHECK: "tl.program_id"()
 // CHECK: Operation does not verify: Expected attribute i64 but got i32
+
+// -----
+
+// tl.gather reads along axis 0 or 1, at integer indices.
+tl.kernel @gather_axis(%n: i32) {
+  %r = tl.arange %n : i32 -> !tl.tile<i32>
+  %g = tl.gather %r[%r] axis 2 : !tl.tile<i32>, !tl.tile<i32>
+  tl.return
+}
+// CHECK: tl.gather axis must be 0 or 1, got 2
+
+// -----
+
+tl.kernel @gather_float_index(%n: i32) {
+  %r = tl.arange %n : i32 -> !tl.tile<i32>
+  %f = tl.cast %r : !tl.tile<i32> -> !tl.tile<f32>
+  %g = tl.gather %r[%f] axis 0 : !tl.tile<i32>, !tl.tile<f32>
+  tl.return
+}
+// CHECK: tl.gather index must be an integer tile, got !tl.tile<f32>

@@ -38,6 +38,7 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
   %id = tl.load %ids : !tl.ptr<i32> -> i32
   %bt = tl.trans %b : !tl.tile<f16>
+  %g = tl.gather %b[%mul] axis 1 : !tl.tile<f16>, !tl.tile<i32>
   %d0 = tl.dot %a, %bt : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %d1 = tl.dot %a, %bt acc %d0 : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
   %w = tl.where %m2, %d1, %half : !tl.tile<i1>, !tl.tile<f32>, f32 -> !tl.tile<f32>
@@ -73,7 +74,9 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
 tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
   tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
+  tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
   tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
+  tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
   tl.host_return ["out"]
 }
 
@@ -111,6 +114,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %b = tl.load %ptrs mask %m2 : !tl.tile<i1> {other = 0.000000e+00 : f16} : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
 // CHECK-NEXT:     %id = tl.load %ids : !tl.ptr<i32> -> i32
 // CHECK-NEXT:     %bt = tl.trans %b : !tl.tile<f16>
+// CHECK-NEXT:     %g = tl.gather %b[%mul] axis 1 : !tl.tile<f16>, !tl.tile<i32>
 // CHECK-NEXT:     %d0 = tl.dot %a, %bt : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NEXT:     %d1 = tl.dot %a, %bt acc %d0 : !tl.tile<f32> {input_precision = "ieee"} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK-NEXT:     %w = tl.where %m2, %d1, %half : !tl.tile<i1>, !tl.tile<f32>, f32 -> !tl.tile<f32>
@@ -146,7 +150,9 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:   tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
 // CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
+// CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
 // CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
+// CHECK-NEXT:     tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
 // CHECK-NEXT:     tl.host_return ["out"]
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
