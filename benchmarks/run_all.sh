@@ -16,13 +16,15 @@
 #   tiles     sweep_tiles.py --part tiles
 #   rotation  sweep_tiles.py --part rotation
 #   ablation  ablation.py               (Table 3: plain causal, paper and Llama shapes, N 1024..16384)
+#   hf        bench_hf.py               (Hugging Face: Llama-3-8B / Qwen3-8B training step, generate(),
+#             loss curves; AttnFuse via apply() vs SDPA cuDNN/flash and flex)
 #   backward  bench_backward.py         (training: fwd+bwd, bwd alone, peak memory vs rope+cuDNN/flex;
 #             both shapes, N 1024..16384, ~5 minutes: best as the only step; split it with
 #             EXTRA_BACKWARD_ARGS="--shapes llama" and "--shapes paper" in two calls if needed)
 #
 # Environment: OUT (required: where results go), TOTAL_S (default 540), RESULTS (the
 # working folder, default $OUT/results), EXTRA_FORWARD_ARGS / EXTRA_SWEEP_ARGS /
-# EXTRA_BACKWARD_ARGS.
+# EXTRA_BACKWARD_ARGS / EXTRA_HF_ARGS.
 # What comes back: $OUT/run_all.log, the markdown tables and the test log next to it,
 # and $OUT/results.tar.gz with everything (JSON included) — at most 8 files.
 set -x
@@ -91,8 +93,14 @@ for step in "${steps[@]}"; do
       timeout -k 10 "$t" python3 benchmarks/bench_backward.py --out "$RESULTS/backward" --budget-s $(( t - 60 )) \
         ${EXTRA_BACKWARD_ARGS:-} || status=1
       ;;
+    hf)
+      t=$(budget 560)
+      [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 benchmarks/bench_hf.py --out "$RESULTS/hf" ${EXTRA_HF_ARGS:-} || status=1
+      ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf)"; status=2
       ;;
   esac
 done

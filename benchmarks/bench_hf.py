@@ -1,0 +1,349 @@
+"""Hugging Face models with AttnFuse attention (`attnfuse.integrations.transformers.apply`)
+against the same model on PyTorch's attention backends, in one process.
+
+    python benchmarks/bench_hf.py --out DIR [--parts train,infer,loss] [--ns 4096,8192]
+    python benchmarks/bench_hf.py --out DIR --cpu-smoke     # no GPU: tiny configs, interpreter
+
+- `train`: one training step of Llama-3-8B (the released config, random weights, bf16, fused
+  AdamW, batch 1, no activation checkpointing) at each N: forward with labels, backward,
+  optimizer step. Median step time over 5 steps after 2 warm-up steps, and the peak memory,
+  for SDPA cuDNN, SDPA flash, flex_attention (transformers' "flex_attention") and AttnFuse (the
+  model patched by `apply`), all on the same weights; the first step's loss is compared across
+  them. Then Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN.
+- `infer`: `generate()` of Llama-3-8B bf16, greedy, prompt lengths 1024 and 8192: prefill (time
+  to the first new token) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
+  default backend choice).
+- `loss`: 200 training steps of a small Llama-style model on fixed synthetic data, AttnFuse
+  against SDPA from the same initial weights: the two loss curves (loss.json, loss.png).
+
+Writes DIR/hf.json (rows and environment) and DIR/hf.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--cpu-smoke" in sys.argv:
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import common as C  # noqa: E402
+import torch  # noqa: E402
+
+import attnfuse as af  # noqa: E402
+
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+QWEN3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+)
+SMALL = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    vocab_size=4096,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+TINY = dict(SMALL, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=64)  # fmt: skip
+
+
+def make_model(kind: str, cfg: dict[str, Any], impl: str, dtype: torch.dtype, device: str) -> Any:
+    import transformers
+
+    config_cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen3Config
+    config = config_cls(**cfg)
+    config._attn_implementation = impl
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.train()
+
+
+def backend_context(name: str) -> Any:
+    """The SDPA backend a row runs under (a no-op for the others)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
+    if name in backends:
+        return sdpa_kernel(backends[name])
+    if name == "sdpa_math":
+        return sdpa_kernel(SDPBackend.MATH)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def use(model: Any, name: str) -> Any:
+    """`model` set up for the row `name` (AttnFuse: patched by apply, which stays)."""
+    if name == "attnfuse":
+        from attnfuse.integrations.transformers import apply
+
+        return apply(model)
+    model.set_attn_implementation("flex_attention" if name == "flex" else "sdpa")
+    return model
+
+
+def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: int) -> dict[str, Any]:
+    """Median step time, peak memory and the first step's loss of `steps` optimizer steps."""
+    fused = ids.device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
+    times: list[float] = []
+    losses: list[float] = []
+    if fused:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    with backend_context(name):
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if fused:
+                torch.cuda.synchronize()
+            losses.append(loss.item())
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if fused else None
+    del opt
+    return {"step_ms": statistics.median(times), "peak_gib": peak, "first_loss": losses[0]}
+
+
+def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
+    dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
+    names = ["sdpa_math", "attnfuse"] if args.cpu_smoke else ["sdpa_cudnn", "sdpa_flash", "flex", "attnfuse"]
+    cfg = TINY if args.cpu_smoke else LLAMA3_8B
+    model = make_model("llama", cfg, "sdpa", dtype, device)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for n in args.ns:
+        for name in names:
+            model.load_state_dict(state)
+            model = use(model, name)
+            ids = torch.randint(0, cfg["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
+            try:
+                r = train_steps(model, ids, name, args.steps, args.warmup)
+            except Exception as e:  # an impl that cannot run this shape is recorded
+                r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            rows.append({"part": "train", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "n": n,
+                         "impl": name, **r})  # fmt: skip
+            C.log(str(rows[-1]))
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    del model
+    gc.collect()
+    if args.cpu_smoke or args.skip_qwen:
+        return
+    torch.cuda.empty_cache()
+    model = make_model("qwen3", QWEN3_8B, "sdpa", dtype, device)
+    n = args.ns[0]
+    ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
+    for name in ["sdpa_cudnn", "attnfuse"]:
+        model = use(model, name)
+        r = train_steps(model, ids, name, args.steps, args.warmup)
+        rows.append({"part": "train", "model": "qwen3-8b", "n": n, "impl": name, **r})
+        C.log(str(rows[-1]))
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def part_infer(args: argparse.Namespace, rows: list[dict]) -> None:
+    dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
+    cfg = TINY if args.cpu_smoke else LLAMA3_8B
+    prompts = [16] if args.cpu_smoke else [1024, 8192]
+    new = 4 if args.cpu_smoke else 64
+    model = make_model("llama", cfg, "sdpa", dtype, device).eval()
+    outputs: dict[tuple[str, int], torch.Tensor] = {}
+    for name in ["sdpa", "attnfuse"]:
+        model = use(model, name)
+        for p in prompts:
+            ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
+
+            def gen(k: int, ids: torch.Tensor = ids, model: Any = model) -> tuple[float, torch.Tensor]:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    out = model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                return (time.perf_counter() - t0) * 1e3, out
+
+            gen(2)  # warm-up: compiles
+            prefill = statistics.median(gen(1)[0] for _ in range(3))
+            total, out = gen(new)
+            outputs[(name, p)] = out
+            decode_tps = (new - 1) / ((total - prefill) / 1e3)
+            same = bool(torch.equal(out, outputs[("sdpa", p)])) if name == "attnfuse" else None
+            rows.append({"part": "infer", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "prompt": p,
+                         "impl": name, "prefill_ms": prefill, "decode_tok_s": decode_tps,
+                         "same_tokens_as_sdpa": same})  # fmt: skip
+            C.log(str(rows[-1]))
+    del model
+    gc.collect()
+
+
+def part_loss(args: argparse.Namespace, rows: list[dict], out_dir: Path) -> None:
+    dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
+    cfg, n = (TINY, 16) if args.cpu_smoke else (SMALL, 1024)
+    steps = 3 if args.cpu_smoke else args.loss_steps
+    base = make_model("llama", cfg, "sdpa", dtype, device)
+    g = torch.Generator().manual_seed(1)
+    # Fixed synthetic data with structure to learn: sequences repeating a short random motif.
+    motifs = torch.randint(0, cfg["vocab_size"], (8, 16), generator=g)
+    data = motifs[torch.randint(0, 8, (steps, 1), generator=g)].repeat(1, 1, n // 16).view(steps, n).to(device)
+    curves: dict[str, list[float]] = {}
+    for name in ["sdpa", "attnfuse"]:
+        model = use(copy.deepcopy(base), name)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device == "cuda")
+        curve = []
+        for i in range(steps):
+            ids = data[i : i + 1]
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            curve.append(loss.item())
+        curves[name] = curve
+        del model, opt
+    diff = max(abs(a - b) for a, b in zip(curves["sdpa"], curves["attnfuse"], strict=True))
+    rows.append({"part": "loss", "steps": steps, "n": n, "final_sdpa": curves["sdpa"][-1],
+                 "final_attnfuse": curves["attnfuse"][-1], "max_abs_diff": diff})  # fmt: skip
+    C.log(str(rows[-1]))
+    (out_dir / "loss.json").write_text(json.dumps(curves))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name, curve in curves.items():
+            ax.plot(curve, label=name, linewidth=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.set_title(f"small Llama-style model, N={n}, {str(dtype).removeprefix('torch.')}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "loss.png", dpi=120)
+    except ImportError:
+        pass
+
+
+def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
+    lines = ["# Hugging Face models with AttnFuse attention", "", C.env_markdown(env), ""]
+    train = [r for r in rows if r["part"] == "train"]
+    if train:
+        lines += ["## Training step (batch 1, bf16, fused AdamW)", "",
+                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in train:
+            ref = next((x for x in train if x["model"] == r["model"] and x["n"] == r["n"]
+                        and x["impl"] in ("sdpa_cudnn", "sdpa_math") and "step_ms" in x), None)  # fmt: skip
+            if "step_ms" not in r:
+                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | |")
+                continue
+            ratio = f"{ref['step_ms'] / r['step_ms']:.3f}x" if ref else ""
+            peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else ""
+            cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, f"{r['first_loss']:.4f}", ratio]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        lines.append("")
+    infer = [r for r in rows if r["part"] == "infer"]
+    if infer:
+        lines += ["## Inference (generate, greedy)", "",
+                  "| prompt | impl | prefill ms | decode tok/s | same tokens as sdpa |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in infer:
+            lines.append(
+                f"| {r['prompt']} | {r['impl']} | {r['prefill_ms']:.1f} | {r['decode_tok_s']:.1f} | "
+                f"{'' if r['same_tokens_as_sdpa'] is None else r['same_tokens_as_sdpa']} |"
+            )
+        lines.append("")
+    for r in rows:
+        if r["part"] == "loss":
+            lines += [f"## Loss curves ({r['steps']} steps, N={r['n']})", "",
+                      f"final loss: sdpa {r['final_sdpa']:.4f}, attnfuse {r['final_attnfuse']:.4f}; "
+                      f"max |difference| over the run {r['max_abs_diff']:.4f}. ![loss](loss.png)", ""]  # fmt: skip
+    (out / "hf.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default="train,infer,loss")
+    ap.add_argument("--ns", default="4096,8192")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--loss-steps", type=int, default=200)
+    ap.add_argument("--skip-qwen", action="store_true")
+    ap.add_argument("--cpu-smoke", action="store_true")
+    args = ap.parse_args()
+    args.ns = [16] if args.cpu_smoke else [int(x) for x in args.ns.split(",")]
+    if args.cpu_smoke:
+        args.steps, args.warmup = 1, 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    env = C.environment()
+    ctx = af.backend("interpret") if args.cpu_smoke else af.backend("auto")
+    with ctx:
+        for part in args.parts.split(","):
+            t0 = time.perf_counter()
+            {"train": lambda: part_train(args, rows), "infer": lambda: part_infer(args, rows),
+             "loss": lambda: part_loss(args, rows, args.out)}[part]()  # fmt: skip
+            C.log(f"part {part} done in {time.perf_counter() - t0:.0f}s")
+            C.write_json(args.out / "hf.json", {"environment": env, "rows": rows})
+            write_md(rows, args.out, env)
+    print((args.out / "hf.md").read_text())
+    bad = [r for r in rows if "error" in r or r.get("same_tokens_as_sdpa") is False]
+    if args.cpu_smoke and bad:
+        sys.exit(f"smoke: {len(bad)} bad rows")
+
+
+if __name__ == "__main__":
+    main()
