@@ -10,7 +10,9 @@ backend), each against the same model with transformers' eager attention (the we
 - a left-padded batch (with the position_ids `generate()` would make) on its real tokens;
 - greedy `generate()` with the KV cache: the same tokens;
 - packed sequences (positions restarting, no mask) for Llama;
-- unsupported models, configs and caches raise `AttnFuseError`, and a failed `apply` leaves the model as it was.
+- torch.compile(fullgraph=True) of the patched Llama, forward and backward;
+- unsupported models, configs and caches raise `AttnFuseError`, and a failed `apply` leaves the model
+  as it was.
 
 The configs set windows (5) shorter than the sequences, Gemma 2's softcap and query_pre_attn_scalar
 to values that matter, llama3 and YaRN rope scaling to contexts where they change frequencies, and
@@ -33,6 +35,8 @@ import transformers  # noqa: E402
 
 import attnfuse as af  # noqa: E402
 from attnfuse.integrations.transformers import ATTN_IMPLEMENTATION, apply  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 LOGITS_TOLERANCE = 1e-4
 GRAD_TOLERANCE = 1e-3
@@ -337,3 +341,17 @@ def test_core_import_is_free_of_transformers():
     code = "import sys, attnfuse, attnfuse.variants, attnfuse.integrations; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_torch_compile_fullgraph(llama):
+    """The patched model under torch.compile(fullgraph=True): forward and backward, no graph break."""
+    eager, patched = llama
+    model = copy.deepcopy(patched)
+    ids = _ids(2, N, seed=7)
+    step = torch.compile(lambda x: model(x, use_cache=False).logits, fullgraph=True)
+    with torch.no_grad():
+        want = eager(ids, use_cache=False).logits
+    got = step(ids)
+    assert rel_l2(got, want) < LOGITS_TOLERANCE
+    got.square().mean().backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None

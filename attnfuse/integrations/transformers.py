@@ -102,6 +102,7 @@ FAMILIES: dict[str, _Family] = {
 """The supported `config.model_type`s."""
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+_MASKS = ("causal", "padded", "packed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +399,9 @@ class _PackedMemo:
         self.value: torch.Tensor | None = None
 
     def __call__(self, position_ids: torch.Tensor, b: int) -> torch.Tensor | None:
-        if self.key is not position_ids or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # transformers then always gives the ids (no data-dependent check)
+            return find_packed_sequence_indices(position_ids.expand(b, -1))
+        if self.key is not position_ids:
             self.value = find_packed_sequence_indices(position_ids.expand(b, -1))
             self.key = position_ids
         return self.value
@@ -473,7 +476,7 @@ def _attend(
         )
     extras = _extras(module, spec, cached, mask_arg)
     head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
-    return variant(spec, cached, mask)(*head, *extras)
+    return module._attnfuse_variants[cached, mask](*head, *extras)
 
 
 def _attention_forward(
@@ -582,5 +585,7 @@ def apply(model: Any) -> Any:
         )
     for module, spec in zip(modules, specs, strict=True):
         module._attnfuse_spec = spec
+        # Built here, not on first call: a call traced by torch.compile finds them ready.
+        module._attnfuse_variants = {(c, m): variant(spec, c, m) for c in (False, True) for m in _MASKS}
         module.forward = types.MethodType(_attention_forward, module)
     return model
