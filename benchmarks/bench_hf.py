@@ -1,7 +1,7 @@
 """Hugging Face models with AttnFuse attention (`attnfuse.integrations.transformers.apply`)
 against the same model on PyTorch's attention backends, in one process.
 
-    python benchmarks/bench_hf.py --out DIR [--parts train,infer,loss] [--ns 4096,8192]
+    python benchmarks/bench_hf.py --out DIR [--parts train,loss,infer,qwen] [--ns 4096,8192]
     python benchmarks/bench_hf.py --out DIR --cpu-smoke     # no GPU: tiny configs, interpreter
 
 - `train`: one training step of Llama-3-8B (the released config, random weights, bf16, fused
@@ -9,7 +9,8 @@ against the same model on PyTorch's attention backends, in one process.
   optimizer step. Median step time over 5 steps after 2 warm-up steps, and the peak memory,
   for SDPA cuDNN, SDPA flash, flex_attention (transformers' "flex_attention") and AttnFuse (the
   model patched by `apply`), all on the same weights; the first step's loss is compared across
-  them. Then Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN.
+  them (use_cache=False: no KV cache is filled in training).
+- `qwen`: the same step for Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN.
 - `infer`: `generate()` of Llama-3-8B bf16, greedy, prompt lengths 1024 and 8192: prefill (time
   to the first new token) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
   default backend choice).
@@ -140,7 +141,7 @@ def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: in
     with backend_context(name):
         for i in range(warmup + steps):
             t0 = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -177,8 +178,13 @@ def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
                 torch.cuda.empty_cache()
     del model
     gc.collect()
-    if args.cpu_smoke or args.skip_qwen:
+
+
+def part_qwen(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Qwen3-8B's training step at the first N (QK-norm fused too), against SDPA cuDNN."""
+    if args.cpu_smoke:
         return
+    dtype, device = torch.bfloat16, "cuda"
     torch.cuda.empty_cache()
     model = make_model("qwen3", QWEN3_8B, "sdpa", dtype, device)
     n = args.ns[0]
@@ -245,7 +251,7 @@ def part_loss(args: argparse.Namespace, rows: list[dict], out_dir: Path) -> None
         curve = []
         for i in range(steps):
             ids = data[i : i + 1]
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -316,12 +322,11 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="train,infer,loss")
+    ap.add_argument("--parts", default="train,loss,infer,qwen")
     ap.add_argument("--ns", default="4096,8192")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--loss-steps", type=int, default=200)
-    ap.add_argument("--skip-qwen", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.ns = [16] if args.cpu_smoke else [int(x) for x in args.ns.split(",")]
@@ -335,7 +340,7 @@ def main() -> None:
         for part in args.parts.split(","):
             t0 = time.perf_counter()
             {"train": lambda: part_train(args, rows), "infer": lambda: part_infer(args, rows),
-             "loss": lambda: part_loss(args, rows, args.out)}[part]()  # fmt: skip
+             "loss": lambda: part_loss(args, rows, args.out), "qwen": lambda: part_qwen(args, rows)}[part]()  # fmt: skip
             C.log(f"part {part} done in {time.perf_counter() - t0:.0f}s")
             C.write_json(args.out / "hf.json", {"environment": env, "rows": rows})
             write_md(rows, args.out, env)
