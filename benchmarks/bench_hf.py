@@ -339,8 +339,13 @@ def main() -> None:
     with ctx:
         for part in args.parts.split(","):
             t0 = time.perf_counter()
-            {"train": lambda: part_train(args, rows), "infer": lambda: part_infer(args, rows),
-             "loss": lambda: part_loss(args, rows, args.out), "qwen": lambda: part_qwen(args, rows)}[part]()  # fmt: skip
+            parts = {
+                "train": lambda: part_train(args, rows),
+                "infer": lambda: part_infer(args, rows),
+                "loss": lambda: part_loss(args, rows, args.out),
+                "qwen": lambda: part_qwen(args, rows),
+            }
+            parts[part]()
             C.log(f"part {part} done in {time.perf_counter() - t0:.0f}s")
             C.write_json(args.out / "hf.json", {"environment": env, "rows": rows})
             write_md(rows, args.out, env)
