@@ -185,6 +185,29 @@ class BackwardLowering(Lowering):
     def base(kb: KernelBuilder, t: TensorParam, b_off: SSAValue, h_off: SSAValue) -> SSAValue:
         return kb.add(kb.add(t.ptr, kb.mul(b_off, t.strides[0])), kb.mul(h_off, t.strides[1]))
 
+    @staticmethod
+    def tile_ptr(
+        kb: KernelBuilder,
+        t: TensorParam,
+        base: SSAValue,
+        row_off: SSAValue,
+        rows: SSAValue,
+        ok: SSAValue | None,
+        width: int,
+    ) -> tuple[SSAValue, SSAValue | None]:
+        """Pointers and mask of a [rows, width] tile of `t` from row `row_off` of `base`
+        (rows where `ok` is false and channels past `width` masked off)."""
+        offs = kb.arange(pow2(width))
+        ptr = kb.add(
+            kb.add(kb.add(base, kb.mul(row_off, t.strides[2])), kb.mul(kb.row(rows), t.strides[2])),
+            kb.mul(kb.col(offs), t.strides[3]),
+        )
+        mask = kb.row(ok) if ok is not None else None
+        if pow2(width) != width:
+            cmask = kb.col(kb.cmp("<", offs, width))
+            mask = cmask if mask is None else kb.and_(mask, cmask)
+        return ptr, mask
+
     def tile(
         self,
         kb: KernelBuilder,
@@ -196,16 +219,8 @@ class BackwardLowering(Lowering):
         width: int,
         hint: str,
     ) -> SSAValue:
-        """Load a [rows, width] tile (channels past the head dim `width` read 0)."""
-        offs = kb.arange(pow2(width))
-        ptr = kb.add(
-            kb.add(kb.add(base, kb.mul(row_off, t.strides[2])), kb.mul(kb.row(rows), t.strides[2])),
-            kb.mul(kb.col(offs), t.strides[3]),
-        )
-        mask = kb.row(ok) if ok is not None else None
-        if pow2(width) != width:
-            cmask = kb.col(kb.cmp("<", offs, width))
-            mask = cmask if mask is None else kb.and_(mask, cmask)
+        """Load a [rows, width] tile (masked elements read 0)."""
+        ptr, mask = self.tile_ptr(kb, t, base, row_off, rows, ok, width)
         return kb.load(ptr, mask, 0.0, hint=hint)
 
     def store_tile(
@@ -219,14 +234,7 @@ class BackwardLowering(Lowering):
         width: int,
         value: SSAValue,
     ) -> None:
-        offs = kb.arange(pow2(width))
-        ptr = kb.add(
-            kb.add(kb.add(base, kb.mul(row_off, t.strides[2])), kb.mul(kb.row(rows), t.strides[2])),
-            kb.mul(kb.col(offs), t.strides[3]),
-        )
-        mask = kb.row(ok)
-        if pow2(width) != width:
-            mask = kb.and_(mask, kb.col(kb.cmp("<", offs, width)))
+        ptr, mask = self.tile_ptr(kb, t, base, row_off, rows, ok, width)
         kb.store(ptr, value, mask)
 
     def row_stat(
