@@ -84,7 +84,10 @@ class _Builder:
 
 
 def _check_wrt(chains: AttentionChains, wrt: tuple[int, ...]) -> None:
+    """Every index of `wrt` names a distinct argument that has a gradient."""
     f = chains.func
+    if len(set(wrt)) != len(wrt):
+        raise DiagnosticException(f"attn-autodiff wrt names an argument twice: {', '.join(map(str, wrt))}")
     differentiable = differentiable_args(chains)
     for index in wrt:
         if not 0 <= index < len(f.body.block.args):
