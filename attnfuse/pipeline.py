@@ -33,7 +33,7 @@ class AttnFusePipelinePass(ModulePass):
     seq_len: int | None = None
     """Sequence length the kernel is tuned for (rope-fusion's cost model)."""
     rope_mode: RopeMode = "auto"
-    """rope-fusion mode: auto, fused or prerotate."""
+    """rope-fusion mode: auto, fused or prerotate (a backward always pre-rotates Q and K)."""
     block_m: int | None = None
     block_n: int | None = None
     num_warps: int | None = None

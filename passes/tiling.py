@@ -23,8 +23,8 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
-# lent H200 (2026-11-30, benchmarks/results/h200/run_2026-11-30_backward/bwd_tiles.md: RoPE + causal, paper shape at
-# N=4096, Llama shape at N=8192); the others are unmeasured defaults.
+# lent H200 (2026-11-30, benchmarks/results/h200/run_2026-11-30_backward/bwd_tiles.md: RoPE +
+# causal, paper shape at N=4096, Llama shape at N=8192); the others are unmeasured defaults.
 TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (90, 64, "plain"): (128, 64, 4, 3),
     (90, 64, "kloop"): (128, 32, 8, 3),
