@@ -18,25 +18,21 @@ attention (RoPE, GQA, optionally a sliding window) on the local shards of q, k a
 
 How: every rank all-gathers K and V (one collective: torch's autograd all-gather from its
 functional collectives, whose backward, a reduce-scatter, returns each rank's share of dK and
-dV to its owner, summed over the ranks), puts the gathered keys back in sequence order, and
-runs ONE AttnFuse kernel: its local queries against all N keys, RoPE on q at the queries'
-global positions and on k at 0..N-1, and a causal (or sliding-window) mask on the queries'
-global positions. The backward is that kernel's derived backward plus the all-gather's
-backward, so it is distributed too.
+dV to its owner, summed over the ranks) and puts the gathered keys back in sequence order.
+Then each of its two chunks is one ordinary causal (or sliding-window) AttnFuse call: the
+chunk's queries against the keys up to the chunk's end, so the queries are the last rows of
+their keys, which is the kernels' own position convention (RoPE and masks need no positions
+tensor, and the causal split skips the fully masked KV blocks and runs the full ones without
+mask code). The backward is those calls' derived backward plus the all-gather's backward, so
+it is distributed too.
 
 Why an all-gather rather than a ring (K/V blocks passed around the ranks, partial outputs
 merged through their log-sum-exp): it is the simplest correct scheme (the one torchtitan uses
 with flex_attention), it is one kernel call per rank, forward and backward, and K/V are small
 next to q with GQA (Hkv < Hq), so gathering them costs little memory and bandwidth. The choice
 is not yet backed by a measurement (the 2xH200 comparison is still to do). Its costs: each
-rank holds the full K and V (O(N) memory per rank, where a ring holds O(N/W)), and the
-communication is not overlapped with compute. Nor does the kernel skip anything yet: the mask
-reads the queries' global positions from a tensor, a predicate opaque to the compiler, so the
-causal split cannot prove any KV block fully visible or fully masked, and every block of the
-N/W x N scores is computed with the mask applied: about twice a causal kernel's work. Teaching
-the causal split about such position-shifted masks (or passing the two chunks' offsets as
-scalars, so that each chunk is a plain causal block range) is the next step, then a ring
-merged through the lse where measurements call for it.
+rank holds the full K and V (O(N) memory per rank, where a ring holds O(N/W)), the
+communication is not overlapped with compute, and K's rotation runs in each of the two calls.
 
 Not supported, each an `AttnFuseError`: a sequence length not divisible by 2W (every rank
 holds two equal chunks), queries and keys of different lengths (a KV cache), sinks (their
@@ -160,22 +156,17 @@ def positions(n: int, group: Group = None, *, device: torch.device | str | None 
 def _variant(
     theta: float, scaling: object, rotary_dim: int | None, style: str, window: int | None, scale: float | None
 ) -> af.Variant:
-    """The AttnFuse variant behind `attention`, built once per set of constants.
+    """The AttnFuse variant behind `attention`, built once per set of constants: plain causal
+    (or sliding-window) attention with RoPE, called once per local chunk. A chunk's queries
+    are the last rows of the keys it is given (the keys up to its own end), which is the
+    kernels' own position convention: no positions tensor, and the causal split skips and
+    unmasks blocks as for any causal call."""
 
-    Arguments: q [B, Hq, Nq, D] (this rank's queries), k [B, Hkv, Nk, D] and v
-    [B, Hkv, Nk, Dv] (the whole sequence, in order), `qpos` int64 [Nq] (the queries' global
-    positions, for RoPE) and `qglobal` int64 [Nk] whose last Nq entries are those positions
-    again. The mask reads qglobal because a mask's q_idx is the query's row position in the
-    kv sequence, Nk - Nq + i for query row i (the queries are the last Nq rows)."""
-
-    def cp_attention(q, k, v, qpos, qglobal):
-        q = af.rope(q, theta=theta, style=style, rotary_dim=rotary_dim, scaling=scaling, positions=qpos)
+    def cp_attention(q, k, v):
+        q = af.rope(q, theta=theta, style=style, rotary_dim=rotary_dim, scaling=scaling)
         k = af.rope(k, theta=theta, style=style, rotary_dim=rotary_dim, scaling=scaling)
         s = af.qk(q, k, scale=scale)
-        if window is None:
-            s = af.mask(s, lambda b, h, q_idx, kv_idx: qglobal[q_idx] >= kv_idx)
-        else:
-            s = af.mask(s, lambda b, h, q_idx, kv_idx: (qglobal[q_idx] >= kv_idx) & (qglobal[q_idx] - kv_idx < window))
+        s = af.mask(s, af.causal if window is None else af.sliding_window(window))
         return af.pv(af.softmax(s), v)
 
     cp_attention.__name__ = cp_attention.__qualname__ = "context_parallel_attention"
@@ -273,8 +264,7 @@ def attention(
     document masks are not supported across shards (see the module's docstring)."""
     _refuse(sink, document)
     n_local = _check_shapes(q, k, v)
-    world, _ = _world(group, "attnfuse.distributed.attention")
-    n = n_local * world
+    world, rank = _world(group, "attnfuse.distributed.attention")
     key = (theta, rope_scaling(scaling), rotary_dim, style, _window(window), scale)
     try:
         hash(key)
@@ -285,6 +275,10 @@ def attention(
         ) from None
     fn = _variant(*key)
     k_full, v_full = _gather_kv(k, v, group)
-    qpos = positions(n, group, device=q.device)
-    qglobal = torch.cat([qpos.new_zeros(n - n_local), qpos])
-    return fn(q, k_full, v_full, qpos, qglobal)
+    length = n_local // 2
+    outs = []
+    for part, chunk in enumerate((rank, 2 * world - 1 - rank)):
+        end = (chunk + 1) * length  # the chunk's queries see keys 0..end-1: they are their last rows
+        q_part = q[:, :, part * length : (part + 1) * length]
+        outs.append(fn(q_part, k_full[:, :, :end], v_full[:, :, :end]))
+    return torch.cat(outs, dim=2)
