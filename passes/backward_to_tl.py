@@ -311,15 +311,24 @@ class BackwardLowering(Lowering):
     ) -> SSAValue:
         """Apply `side`'s derivative ops to the gradient tile `g` [rows, head dim] (fp32);
         `load(channels)` reads the untransformed tile, `program` indexes weight partials."""
+        normed: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}
+        """x and its rsqrt(mean(x^2) + eps) per norm input: a norm's weight gradient and its
+        input gradient read the same ones."""
         for op in side.grads:
             if isinstance(op, attn.ScaleOp):
                 g = kb.mul(g, op.value.value.data)
             elif isinstance(op, attn.RopeGradOp):
                 g = self.rope_grad(kb, p, op, g, pos, ok, rows, prefix)
             else:
-                x = self.forward_value(kb, p, side, op.operands[1], load, pos, ok, prefix)
-                total = kb.reduce("sum", kb.mul(x, x), 1)
-                r = kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), op.eps.value.data), hint=f"{prefix}_rstd")
+                if op.operands[1] not in normed:
+                    x = self.forward_value(kb, p, side, op.operands[1], load, pos, ok, prefix)
+                    total = kb.reduce("sum", kb.mul(x, x), 1)
+                    eps = op.eps.value.data
+                    normed[op.operands[1]] = (
+                        x,
+                        kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), eps), hint=f"{prefix}_rstd"),
+                    )
+                x, r = normed[op.operands[1]]
                 if isinstance(op, attn.NormWeightGradOp):
                     part = kb.reduce("sum", kb.mul(kb.mul(g, x), kb.row(r)), 0, hint=f"{prefix}_dw")
                     self.store_partial(kb, p, op.dweight, part, program)
