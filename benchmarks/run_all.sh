@@ -21,10 +21,19 @@
 #   backward  bench_backward.py         (training: fwd+bwd, bwd alone, peak memory vs rope+cuDNN/flex;
 #             both shapes, N 1024..16384, ~5 minutes: best as the only step; split it with
 #             EXTRA_BACKWARD_ARGS="--shapes llama" and "--shapes paper" in two calls if needed)
+#   cptests   pytest -m gpu python_tests/test_distributed_gpu.py (2 GPUs, NCCL: context parallelism's
+#             sharded output and gradients against the full sequence; ~1 minute)
+#   cp        torchrun --nproc-per-node 2 bench_cp.py (2 GPUs: one Llama-3-8B attention layer fwd+bwd at
+#             N 32k, 64k, 128k, AttnFuse CP vs torch's context_parallel with SDPA cuDNN / flash, and the
+#             1-GPU rows for scaling efficiency; ~3 minutes)
+#   fsdp      torchrun --nproc-per-node 2 train_fsdp.py (2 GPUs: Llama-3-8B FSDP2 training step, AttnFuse
+#             via apply() vs SDPA cuDNN, 20-step loss curves; ~3 minutes; EXTRA_FSDP_ARGS="--compile" for
+#             the compiled layers, best in a call of its own)
+#   The 2-GPU steps need the nvidia-h200-x2 machine; run them in a call of their own.
 #
 # Environment: OUT (required: where results go), TOTAL_S (default 540), RESULTS (the
 # working folder, default $OUT/results), EXTRA_FORWARD_ARGS / EXTRA_SWEEP_ARGS /
-# EXTRA_BACKWARD_ARGS / EXTRA_HF_ARGS.
+# EXTRA_BACKWARD_ARGS / EXTRA_HF_ARGS / EXTRA_CP_ARGS / EXTRA_FSDP_ARGS.
 # What comes back: $OUT/run_all.log, the markdown tables and the test log next to it,
 # and $OUT/results.tar.gz with everything (JSON included) — at most 8 files.
 set -x
@@ -99,8 +108,28 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       timeout -k 10 "$t" python3 benchmarks/bench_hf.py --out "$RESULTS/hf" ${EXTRA_HF_ARGS:-} || status=1
       ;;
+    cptests)
+      t=$(budget 150)
+      [ "$t" -lt 30 ] && { echo "no time left for $step"; continue; }
+      timeout -k 10 "$t" python3 -m pytest -m gpu python_tests/test_distributed_gpu.py -q -rfEs -p no:cacheprovider \
+        2>&1 | tee "$RESULTS/cp_tests.log" || status=1
+      ;;
+    cp)
+      t=$(budget 280)
+      [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bench_cp.py \
+        --out "$RESULTS/cp" --budget-s $(( t - 70 )) ${EXTRA_CP_ARGS:-} || status=1
+      ;;
+    fsdp)
+      t=$(budget 300)
+      [ "$t" -lt 120 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/train_fsdp.py \
+        --out "$RESULTS/fsdp" --budget-s $(( t - 110 )) ${EXTRA_FSDP_ARGS:-} || status=1
+      ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, cptests, cp, fsdp)"; status=2
       ;;
   esac
 done
