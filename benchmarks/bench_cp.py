@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-if "--smoke" in sys.argv:
+if "--smoke" in sys.argv or "--cpu-smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import common as C  # noqa: E402
@@ -483,7 +483,13 @@ def main() -> None:
     ap.add_argument("--target-s", type=float, default=2.0, help="measured seconds per row (>= 3 repetitions)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=170.0, help="no new row starts after this many seconds")
-    ap.add_argument("--smoke", action="store_true", help="CPU: gloo, tiny shapes, interpreter, AttnFuse only")
+    ap.add_argument(
+        "--smoke",
+        "--cpu-smoke",
+        action="store_true",
+        dest="smoke",
+        help="CPU: gloo, tiny shapes, interpreter, AttnFuse only",
+    )
     args = ap.parse_args()
     args.ns = [32, 64] if args.smoke else [int(x) for x in args.ns.split(",") if x]
     args.single_ns = [int(x) for x in args.single_ns.split(",") if x]

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-if "--smoke" in sys.argv:
+if "--smoke" in sys.argv or "--cpu-smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import common as C  # noqa: E402
@@ -259,7 +259,9 @@ def main() -> None:
     ap.add_argument("--precision", default="mixed", choices=["mixed", "bf16"])
     ap.add_argument("--compile", action="store_true", help="torch.compile every decoder layer")
     ap.add_argument("--budget-s", type=float, default=170.0, help="no new backend starts after this many seconds")
-    ap.add_argument("--smoke", action="store_true", help="CPU: gloo, tiny model, interpreter, 3 steps")
+    ap.add_argument(
+        "--smoke", "--cpu-smoke", action="store_true", dest="smoke", help="CPU: gloo, tiny model, interpreter, 3 steps"
+    )
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.smoke:
