@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import statistics
 import sys
@@ -192,19 +193,30 @@ def attnfuse_cp_step(case: Case) -> Any:
     return step
 
 
+@functools.cache
+def device_mesh(device_type: str) -> Any:
+    """The 1-D mesh of every rank (built once)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
 def cp_peer(case: Case, backend: str, rotate: str, rope: Any) -> tuple[Any, Any]:
     """(context manager factory, step factory) of PyTorch's context parallel with SDPA
     restricted to `backend`; step factory(native_gqa) gives the step with enable_gqa or with
     K and V expanded to Hq heads."""
     import contextlib
 
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    mesh = init_device_mesh(case.device.type, (dist.get_world_size(),))
-    set_rotate_method(rotate)
+    try:  # torch's CP options are private (torch 2.11 and 2.13 have this path)
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+    except ImportError:
+        log(f"set_rotate_method not found in this torch {torch.__version__}: CP's default rotate method")
+    else:
+        set_rotate_method(rotate)
+    mesh = device_mesh(case.device.type)
     kind = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     cos, sin = rope_tables(case.pos, case.shape.head_dim)
     groups = case.shape.q_heads // case.shape.kv_heads
