@@ -234,9 +234,9 @@ class LoadedKernel:
         if not self.interpret:
             return launch
 
-        def interpreted(*args: Any) -> Any:
+        def interpreted(*args: Any, **kwargs: Any) -> Any:
             with interpreter_library():
-                return launch(*args)
+                return launch(*args, **kwargs)
 
         return interpreted
 
@@ -603,19 +603,19 @@ class KernelCache:
             return kernel, kernel.launch
         launch, checked = kernel.launch, False
 
-        def first_launch_checked(*args: Any) -> Any:
+        def first_launch_checked(*args: Any, **kwargs: Any) -> Any:
             nonlocal launch, checked
             if checked:
-                return launch(*args)
+                return launch(*args, **kwargs)
             try:
-                result = launch(*args)
+                result = launch(*args, **kwargs)
             except KeyboardInterrupt:
                 raise
             except BaseException as e:
                 _warn(f"AttnFuse evicts the cached kernel {kernel.path}: its first launch raised {e!r}")
                 self.evict(kernel)
                 launch = self.get(module, spec).launch
-                result = launch(*args)
+                result = launch(*args, **kwargs)
             checked = True
             return result
 

@@ -98,6 +98,21 @@ def backend(name: str) -> Iterator[None]:
         _backend_var.reset(token)
 
 
+# os.environ.get costs about a microsecond (the key is encoded on every call); the hot path
+# reads the variable from os.environ's own mapping with the key encoded once, so changes made
+# through os.environ (and pytest's monkeypatch) are still seen.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey("ATTNFUSE_BACKEND") if hasattr(os.environ, "encodekey") else None  # type: ignore[attr-defined]
+
+
+def _env_backend() -> str | None:
+    """$ATTNFUSE_BACKEND, or None when unset."""
+    if _ENV_DATA is None or _ENV_KEY is None:
+        return os.environ.get("ATTNFUSE_BACKEND")
+    raw = _ENV_DATA.get(_ENV_KEY)
+    return None if raw is None else os.environ.decodevalue(raw)  # type: ignore[attr-defined]
+
+
 def current_backend() -> str:
     """The backend name in effect: af.backend(...), else $ATTNFUSE_BACKEND, else auto."""
     name = _backend_var.get()
@@ -123,6 +138,7 @@ def clear_caches() -> None:
     disk cache stays)."""
     KERNELS.clear_memory()
     autograd.clear()
+    _LSE_WORKSPACES.clear()
     for v in list(_VARIANTS):
         v._traces.clear()
         v._hot.clear()
@@ -195,11 +211,26 @@ def _via_float32(launch: Callable[..., Any]) -> Callable[..., Any]:
     """`launch` of a float32 kernel, called with the tensors of a bfloat16 call: they are
     cast to float32, the output back to bfloat16 (lse stays float32)."""
 
-    def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = launch(*[_as_float32(t) for t in tensors])
-        return out.to(torch.bfloat16), lse
+    def run(*tensors: torch.Tensor, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse_out = launch(*[_as_float32(t) for t in tensors], lse=lse)
+        return out.to(torch.bfloat16), lse_out
 
     return run
+
+
+_LSE_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _lse_workspace(q: torch.Tensor) -> torch.Tensor:
+    """A float32 buffer on q's device with room for a call's log-sum-exp ([B, Hq, Nq]), for
+    calls that discard it (no backward): the kernel writes it there instead of into a new
+    allocation (a few microseconds of host time per call). One per device, grown as needed
+    and kept; concurrent calls may share it, since nothing reads it."""
+    n = q.shape[0] * q.shape[1] * q.shape[2]
+    ws = _LSE_WORKSPACES.get(q.device)
+    if ws is None or ws.numel() < n:
+        ws = _LSE_WORKSPACES[q.device] = torch.empty(max(n, 1 << 16), dtype=torch.float32, device=q.device)
+    return ws
 
 
 def _requires_grad(x: object) -> bool:
@@ -366,7 +397,7 @@ class Variant:
         """out = attention(q, k, v, *extras): [B, Hq, Nq, Dv] in q's dtype."""
         if _is_compiling():
             return autograd.site_call(self, q, k, v, extras)
-        backend_name = _backend_var.get() or os.environ.get("ATTNFUSE_BACKEND") or "auto"
+        backend_name = _backend_var.get() or _env_backend() or "auto"
         try:  # `_entry`, inlined
             entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
         except Exception:
@@ -474,7 +505,7 @@ class Variant:
                 if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
                     if torch.is_grad_enabled():
                         return _differentiable(kernel_target, q, k, v, tensors)[0]
-                return launch(q, k, v, *tensors)[0]
+                return launch(q, k, v, *tensors, lse=_lse_workspace(q))[0]
 
         check = validation.with_length_check(trace, validation.extras_check(trace, len(extras)))
         entry = _Entry(run, check, target, select)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 TRIVIAL = """
-def launch(q, k, v, *extras):
+def launch(q, k, v, *extras, lse=None):
     return q, None
 """
 

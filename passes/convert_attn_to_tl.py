@@ -678,7 +678,9 @@ class Lowering:
                 dtype_name(self.dtype, "torch"),
                 f"{q}.device",
             ),
-            tl.AllocOp("lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device"),
+            tl.AllocOp(
+                "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
+            ),
         ]
         if self.k_placement == Placement.PREROTATE:
             ops.append(

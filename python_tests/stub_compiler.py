@@ -1,6 +1,6 @@
 """Stand-ins for `attnfuse.compiler.compile_module` that test the runtime's cache and
 loading machinery without the Triton lowering: they return generated modules of the
-same shape (a Python file defining `launch(q, k, v, *extras) -> (out, lse)`).
+same shape (a Python file defining `launch(q, k, v, *extras, lse=None) -> (out, lse)`).
 
 - `reference_compile`: `launch` runs the reference executor on the IR the module
   carries (correct results, so cache tests can check outputs too);
@@ -26,7 +26,7 @@ SEQ_LEN = {seq_len!r}
 _MODULE = parse_module({ir!r})
 
 
-def launch(q, k, v, *extras):
+def launch(q, k, v, *extras, lse=None):
     out, lse = run_reference_with_lse(_MODULE, q, k, v, *extras, compute_dtype=torch.float32)
     return out.to(q.dtype), lse.float()
 '''
@@ -34,7 +34,7 @@ def launch(q, k, v, *extras):
 TRIVIAL_SOURCE = '''"""Stand-in generated module whose launch does no work."""
 
 
-def launch(q, k, v, *extras):
+def launch(q, k, v, *extras, lse=None):
     return q, None
 '''
 

@@ -356,7 +356,7 @@ def test_a_cache_file_raising_system_exit_does_not_end_the_process(fresh_cache):
 def test_a_cache_file_failing_at_launch_is_evicted_and_recompiled(fresh_cache):
     py = cached_entry(fresh_cache)
     good = py.read_text()
-    plant(py, "def launch(*args):\n    raise RuntimeError('planted launch failure')\n")
+    plant(py, "def launch(*args, **kwargs):\n    raise RuntimeError('planted launch failure')\n")
     q, k, v = qkv()
     with af.backend("interpret"):
         before = af.runtime.stats()
@@ -374,7 +374,7 @@ def test_a_cache_file_failing_at_launch_is_evicted_and_recompiled(fresh_cache):
             rope_causal(*qkv(b=2, seed=3))
         # A kernel that fails again after its recompilation: the error propagates.
         runtime.clear_caches()
-        plant(py, "def launch(*args):\n    raise RuntimeError('planted launch failure')\n")
+        plant(py, "def launch(*args, **kwargs):\n    raise RuntimeError('planted launch failure')\n")
         with (
             cache.use_compiler(stub_compiler.failing_compile),
             pytest.warns(RuntimeWarning, match="evicts"),

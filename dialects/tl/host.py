@@ -12,6 +12,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     StringAttr,
+    UnitAttr,
     f32,
     i64,
 )
@@ -23,6 +24,7 @@ from xdsl.ir import (
 from xdsl.irdl import (
     IRDLOperation,
     irdl_op_definition,
+    opt_prop_def,
     prop_def,
     region_def,
     traits_def,
@@ -60,22 +62,29 @@ class _HostOp(IRDLOperation):
 
 @irdl_op_definition
 class AllocOp(_HostOp):
-    """`name = torch.empty(shape, dtype=dtype, device=device)`; entries are host expressions."""
+    """`name = torch.empty(shape, dtype=dtype, device=device)`; entries are host expressions.
+
+    With `given`, the buffer is a keyword parameter of the launcher (`name=None`) that a
+    caller may pass instead: a contiguous buffer of at least as many elements of `dtype` on
+    `device`, which the kernels write and the caller may discard (a workspace, e.g. the
+    log-sum-exp of a call that needs no backward). It is allocated only when not given."""
 
     name = "tl.alloc"
     var = prop_def(StringAttr)
     shape = prop_def(ArrayAttr[StringAttr])
     dtype = prop_def(StringAttr)
     device = prop_def(StringAttr)
-    assembly_format = "$var `shape` $shape `dtype` $dtype `device` $device attr-dict"
+    given = opt_prop_def(UnitAttr)
+    assembly_format = "$var `shape` $shape `dtype` $dtype `device` $device (`given` $given^)? attr-dict"
 
-    def __init__(self, var: str, shape: Sequence[str], dtype: str, device: str):
+    def __init__(self, var: str, shape: Sequence[str], dtype: str, device: str, given: bool = False):
         super().__init__(
             properties={
                 "var": StringAttr(var),
                 "shape": ArrayAttr(StringAttr(s) for s in shape),
                 "dtype": StringAttr(dtype),
                 "device": StringAttr(device),
+                **({"given": UnitAttr()} if given else {}),
             }
         )
 

@@ -71,7 +71,8 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
         _DRIVER.extend((active.get_current_device, active.get_current_stream))
     device = _DRIVER[0]()
     key = (id(kernel), device, num_warps, num_stages,
-           *[(a.dtype, a.data_ptr() % 16) if isinstance(a, torch.Tensor) else a for a in args])
+           *[a if type(a) is int else (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a
+             for a in args])
     binary = _BINARIES.get(key)
     if binary is None:
         binary = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)

@@ -264,6 +264,9 @@ class TritonPrinter:
     # ------------------------------------------------------------------ host
     def print_launcher(self, op: tl.LauncherOp) -> None:
         params = [p.data for p in op.params]
+        given = [h.var.data for h in op.body.block.ops if isinstance(h, tl.AllocOp) and h.given is not None]
+        if given:
+            params += ["*", *(f"{g}=None" for g in given)]
         self.line(f"def {op.sym_name.data}({', '.join(params)}):")
         self.indent += 1
         ret = op.body.block.last_op
@@ -273,7 +276,14 @@ class TritonPrinter:
             match h:
                 case tl.AllocOp():
                     shape = ", ".join(s.data for s in h.shape)
-                    self.line(f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, device={h.device.data})")
+                    alloc = f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, device={h.device.data})"
+                    if h.given is not None:
+                        self.line(f"if {h.var.data} is None:")
+                        self.indent += 1
+                        self.line(alloc)
+                        self.indent -= 1
+                    else:
+                        self.line(alloc)
                 case tl.RopeTableOp():
                     values = ", ".join(repr(float(v.value.data)) for v in h.values)
                     self.line(
@@ -282,7 +292,7 @@ class TritonPrinter:
                     )
                 case tl.CallOp():
                     grid = ", ".join(g.data for g in h.grid)
-                    args = ", ".join(a.data for a in h.args)
+                    args = ", ".join(_host_args([a.data for a in h.args]))
                     self.line(
                         f"_launch({h.callee.data}, ({grid},), {h.num_warps.value.data}, {h.num_stages.value.data},"
                     )
@@ -298,6 +308,28 @@ class TritonPrinter:
                 case _:
                     raise DiagnosticException(f"'{h.name}' cannot appear in a tl.launcher")
         self.indent -= 1
+
+
+_STRIDE = re.compile(r"([A-Za-z_][A-Za-z_0-9]*)\.stride\((\d+)\)")
+
+
+def _host_args(args: list[str]) -> list[str]:
+    """A launch's host arguments with each run `x.stride(0), ..., x.stride(r-1)` written as
+    `*x.stride()[:r]`: one call instead of r (microseconds per launch on a slow host)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        m = _STRIDE.fullmatch(args[i])
+        if m is None or m.group(2) != "0":
+            out.append(args[i])
+            i += 1
+            continue
+        r = 1
+        while i + r < len(args) and args[i + r] == f"{m.group(1)}.stride({r})":
+            r += 1
+        out.append(f"*{m.group(1)}.stride()[:{r}]" if r > 1 else args[i])
+        i += r
+    return out
 
 
 def launch_params(module: ModuleOp) -> dict[str, dict]:

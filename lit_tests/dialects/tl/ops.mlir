@@ -73,6 +73,7 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
 }
 tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
+  tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
   tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
   tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
   tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
@@ -149,6 +150,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:   }
 // CHECK-NEXT:   tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
+// CHECK-NEXT:     tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
 // CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
 // CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
 // CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
@@ -170,3 +172,4 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC:        "tl.return"() : () -> ()
 // CHECK-GENERIC:      "tl.launcher"() <{sym_name = "launch", params = ["x", "ids"]}> ({
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "out", shape = ["x.shape[0]", "16"], dtype = "torch.float16", device = "x.device"}> : () -> ()
+// CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "ws", shape = ["x.shape[0]"], dtype = "torch.float32", device = "x.device", given}> : () -> ()

@@ -40,12 +40,17 @@
 // CHECK:           lse_base = Lse + ((tl.cast(pid_bh, tl.int64) * NQ) + m_off)
 // CHECK-NEXT:      tl.store((lse_base + rows_m), lse, mask=row_ok)
 
-// CHECK:       def launch(q, k, v):
+// lse is a workspace the caller may pass (the runtime does when it discards it); strides go
+// as one `*x.stride()[:r]` per tensor.
+// CHECK:       def launch(q, k, v, *, lse=None):
 // CHECK:           out = torch.empty((q.shape[0], 32, q.shape[2], 128,), dtype=torch.bfloat16, device=q.device)
-// CHECK-NEXT:      lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
+// CHECK-NEXT:      if lse is None:
+// CHECK-NEXT:          lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
 // CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
 // CHECK:           _launch(rotate_k, (triton.cdiv(k.shape[2], 64), k.shape[0] * 8,), 4, 1,
+// CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k.shape[2], 64,
 // CHECK:           _launch(attn_fwd, (q.shape[0] * 32, triton.cdiv(q.shape[2], 32),), 4, 1,
+// CHECK-NEXT:              q, *q.stride()[:4], k_rot, *k_rot.stride()[:4], v, *v.stride()[:4], out, *out.stride()[:4], lse,
 // CHECK:           return out, lse
 
 // CHECK:       LAUNCH_PARAMS = {
@@ -59,7 +64,7 @@
 // FUSED:           for start_n in range(
 // FUSED:               k_cos = tl.load(
 // FUSED:               tl.dot(q_tile, k_tile)
-// FUSED:       def launch(q, k, v):
+// FUSED:       def launch(q, k, v, *, lse=None):
 // FUSED-NOT:       k_rot
 // FUSED:       LAUNCH_PARAMS = {
 // FUSED-NEXT:      'attn_fwd':
