@@ -778,17 +778,17 @@ def _run_attnfuse_case(impl: str, shape: str, n: int, causal: bool) -> dict:
     return row
 
 
-def _cases():
+def _cases(seq_lens):
     """Smallest N first, so a run cut short by the budget still covers every shape."""
-    return [(shape, n, causal) for n in SEQ_LENS for shape in SHAPES for causal in (False, True)]
+    return [(shape, n, causal) for n in sorted(seq_lens) for shape in SHAPES for causal in (False, True)]
 
 
-def worker(name: str, out_dir: str, deadline: float):
+def worker(name: str, out_dir: str, deadline: float, seq_lens):
     """Run every case for one implementation (a kernel version, "baseline": cuDNN and flash, or "attnfuse": AttnFuse's
     generated kernel), one JSON row each."""
     impls = ["cudnn", "flash"] if name == "baseline" else [name]
     run = {"baseline": _run_baseline_case, "attnfuse": _run_attnfuse_case}.get(name, _run_version_case)
-    for shape, n, causal in _cases():
+    for shape, n, causal in _cases(seq_lens):
         for impl in impls:
             if time.time() > deadline:
                 print(f"[{impl}] budget exhausted, stopping", flush=True)
@@ -870,6 +870,8 @@ def run_all(args):
             args.out,
             "--deadline",
             str(time.time() + timeout - 8),
+            "--seq-lens",
+            args.seq_lens,
         ]
         notes.append(f"{name}: {_supervise(cmd, timeout, args.stall_s)}")
         write_markdown(args.out, notes)
@@ -890,7 +892,7 @@ def write_markdown(out_dir: str, notes):
                 "| N | " + " | ".join(impls) + " |",
                 "|---" * (len(impls) + 1) + "|",
             ]
-            for n in SEQ_LENS:
+            for n in sorted({r["N"] for r in rows}):
                 cells = [_cell(by_key.get((impl, shape, n, causal))) for impl in impls]
                 lines.append(f"| {n} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -921,13 +923,14 @@ def main():
     ap.add_argument("--budget-s", type=float, default=220.0, help="wall-clock budget of the whole GPU run")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="limit per worker process")
     ap.add_argument("--stall-s", type=float, default=30.0, help="kill a worker silent this long (a hung mbarrier)")
+    ap.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)), help="comma-separated N (multiples of 128)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.compile_only:
         sys.exit(1 if compile_only([v for v in args.versions.split(",") if v in VERSIONS]) else 0)
     if args.worker:
-        worker(args.worker, args.out, args.deadline)
+        worker(args.worker, args.out, args.deadline, [int(n) for n in args.seq_lens.split(",")])
     else:
         run_all(args)
 
