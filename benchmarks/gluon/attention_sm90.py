@@ -519,6 +519,7 @@ def prepare(q, k, v, causal: bool, sm_scale: float, version: str = "v3"):
     assert N % ver.block_m == 0 and N % ver.block_n == 0, "N must be a multiple of the tile sizes"
     assert D in (64, 128) and Hq % Hkv == 0 and k.shape == v.shape == (B, Hkv, N, D)
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, N), dtype=torch.float32, device=q.device)
     q_layout, kv_layout, o_layout = _layouts(ver, D, str(q.dtype).removeprefix("torch."))
