@@ -75,15 +75,15 @@ def compile_module(
     its forward, or with `direction="bwd"` its backward (attn-autodiff first) for the
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
     `launch(*args, out, lse, dout)` returns them in that order.
-    `options` are the pipeline's (rope_mode, block_m, block_n, num_warps, num_stages,
-    causal_split). The module is verified first, dominance included; invalid IR raises
+    `options` are the pipeline's (gluon, gluon_head_dims, rope_mode, block_m, block_n,
+    num_warps, num_stages, causal_split). The module is verified first, dominance included; invalid IR raises
     `AttnFuseError`.
 
     Per-stage IR dump: with `dump_ir=<folder>`, or with the environment variable
     `ATTNFUSE_DUMP_IR=<folder>`, every stage's IR is written as it is produced (so a
     failing stage still leaves the stages before it): `00-input.mlir`,
-    `01-rope-fusion.mlir`, `02-causal-split.mlir`, `03-tiling.mlir`,
-    `04-convert-attn-to-tl.mlir`, `05-triton.py` (names from `attnfuse.pipeline.STAGES`,
+    `01-kernel-path.mlir`, `02-rope-fusion.mlir`, `03-causal-split.mlir`, `04-tiling.mlir`,
+    `05-convert-attn-to-tl.mlir`, `06-triton.py` (names from `attnfuse.pipeline.STAGES`,
     numbered in the order written; see `IRDump`). `dump_ir` names the folder itself;
     the environment variable names a parent folder, in which each compilation gets its
     own `<function>-<hash of IR and options>` folder. The runtime compiles only on a

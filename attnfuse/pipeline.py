@@ -1,7 +1,8 @@
 """The one place that knows the order of AttnFuse's passes.
 
-attn IR [--attn-autodiff--> the backward's attn IR] --rope-fusion--> placement of pre-matmul
-ops --causal-split--> KV block classes --tiling--> tile sizes --convert-attn-to-tl--> tl IR
+attn IR [--attn-autodiff--> the backward's attn IR] --kernel-path--> the kernel that computes
+the attention (sm90 Gluon or generic Triton) --rope-fusion--> placement of pre-matmul ops
+--causal-split--> KV block classes --tiling--> tile sizes --convert-attn-to-tl--> tl IR
 --(target triton)--> Python source.
 """
 
@@ -18,6 +19,7 @@ from attnfuse.passes.analysis import check_sm
 from attnfuse.passes.attn_autodiff import AttnAutodiffPass
 from attnfuse.passes.causal_split import CausalSplitPass
 from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
+from attnfuse.passes.kernel_path import GLUON_HEAD_DIMS, KernelPathPass
 from attnfuse.passes.rope_fusion import RopeFusionPass, RopeMode
 from attnfuse.passes.tiling import TilingPass
 
@@ -41,6 +43,11 @@ class AttnFusePipelinePass(ModulePass):
     causal_split: bool = True
     """false: leave KV blocks unclassified, so every block up to Nk is visited and
     masked (the baseline of the ablation, benchmarks/ablation.py)."""
+    gluon: bool = True
+    """false: the generic Triton kernel everywhere (kernel-path's option; on sm90 the Gluon
+    kernel is otherwise chosen where it takes the variant)."""
+    gluon_head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
+    """kernel-path's head-dims: the head dims the Gluon kernel is chosen for."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -61,6 +68,10 @@ class AttnFusePipelinePass(ModulePass):
 
 STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = [
     ("attn-autodiff", lambda o: AttnAutodiffPass(wrt=o.wrt) if o.backward else None),
+    (
+        "kernel-path",
+        lambda o: KernelPathPass(sm=o.sm, seq_len=o.seq_len, gluon=o.gluon, head_dims=tuple(o.gluon_head_dims)),
+    ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
     ("causal-split", lambda o: CausalSplitPass() if o.causal_split else None),
     (

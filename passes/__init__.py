@@ -19,6 +19,11 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
 
         return AttnAutodiffPass
 
+    def kernel_path():
+        from attnfuse.passes.kernel_path import KernelPathPass
+
+        return KernelPathPass
+
     def rope_fusion():
         from attnfuse.passes.rope_fusion import RopeFusionPass
 
@@ -46,6 +51,7 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
 
     return {
         "attn-autodiff": attn_autodiff,
+        "kernel-path": kernel_path,
         "rope-fusion": rope_fusion,
         "causal-split": causal_split,
         "tiling": tiling,

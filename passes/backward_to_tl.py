@@ -440,7 +440,7 @@ class BackwardLowering(Lowering):
             programs = kb.add(kb.mul(kb.cast(pid_bh, i64), kb.emit(tl.NumProgramsOp(0))), kb.cast(pid_m, i64))
             kb.store(kb.add(part_ptr, programs), kb.sub(0.0, kb.reduce("sum", share, 0)))
         p.block.add_op(tl.ReturnOp())
-        grid = [f"triton.cdiv({out_name}.shape[2], 64)", f"{out_name}.shape[0] * {self.hq}"]
+        grid = [f"_cdiv({out_name}.shape[2], 64)", f"{out_name}.shape[0] * {self.hq}"]
         return KernelCall(self.kernel("attn_bwd_pre", p), p, grid, 4, 1)
 
     def dkdv_kernel(self) -> KernelCall:
@@ -548,7 +548,7 @@ class BackwardLowering(Lowering):
                 kb.cast(carried["dv"], self.vdtype),
             )
         p.block.add_op(tl.ReturnOp())
-        grid = [f"triton.cdiv({k_name_host}.shape[2], {bkey})", f"{k_name_host}.shape[0] * {self.hkv}"]
+        grid = [f"_cdiv({k_name_host}.shape[2], {bkey})", f"{k_name_host}.shape[0] * {self.hkv}"]
         return KernelCall(self.kernel("attn_bwd_dkdv", p), p, grid, self.num_warps, self.num_stages)
 
     def dq_kernel(self) -> KernelCall:
@@ -619,7 +619,7 @@ class BackwardLowering(Lowering):
             kb, dq_out, self.base(kb, dq_out, b_off, h_off), m_off, rows_m, row_ok, self.d, kb.cast(dq, self.dtype)
         )
         p.block.add_op(tl.ReturnOp())
-        grid = [f"{q_name}.shape[0] * {self.hq}", f"triton.cdiv({q_name}.shape[2], {bm})"]
+        grid = [f"{q_name}.shape[0] * {self.hq}", f"_cdiv({q_name}.shape[2], {bm})"]
         return KernelCall(self.kernel("attn_bwd_dq", p), p, grid, self.num_warps, self.num_stages)
 
     # ------------------------------------------------------------------ the launcher
@@ -675,7 +675,7 @@ class BackwardLowering(Lowering):
         ops: list[Operation] = []
         sink_grad = self.plan.sink_grad
         if sink_grad is not None and self.plan.needs(sink_grad.dsink):
-            shape = [f"{out}.shape[0]", str(self.hq), f"triton.cdiv({out}.shape[2], 64)"]
+            shape = [f"{out}.shape[0]", str(self.hq), f"_cdiv({out}.shape[2], 64)"]
             ops.append(tl.AllocOp("dsink_part", shape, "torch.float32", device))
         for part in self.partials:
             call = next(c for c in calls if part in c.params.host)

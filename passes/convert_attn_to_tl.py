@@ -43,6 +43,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
+from attnfuse.passes.kernel_path import GLUON, kernel_path
 from attnfuse.passes.kv_segments import kv_bounds, kv_segments
 from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
@@ -81,6 +82,15 @@ class KernelCall:
 
 
 # ----------------------------------------------------------------------------- lowering
+
+
+@dataclass
+class GluonLaunch:
+    """The sm90 Gluon kernel's share of a launcher: its pre-rotation kernel for Q (None when
+    Q has no transforms) and the shortest sequence it runs."""
+
+    rotate_q: KernelCall | None
+    min_len: int
 
 
 @dataclass
@@ -363,7 +373,7 @@ class Lowering:
         self.epilogue(kb, p, qb, carried)
         p.block.add_op(tl.ReturnOp())
         q = self.host_name(self.chains.q_arg)
-        grid = [f"{q}.shape[0] * {self.hq}", f"triton.cdiv({q}.shape[2], {self.block_m})"]
+        grid = [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
         return KernelCall(self.kernel("attn_fwd", p), p, grid, self.num_warps, self.num_stages)
 
     def q_program(self, kb: KernelBuilder, block_m: SSAValue, nq: SSAValue, nk: SSAValue) -> QProgram:
@@ -651,7 +661,7 @@ class Lowering:
             mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
         kb.store(ptr, kb.cast(x_t, dtype), mask)
         p.block.add_op(tl.ReturnOp())
-        grid = [f"triton.cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
+        grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
         return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
 
     # ------------------------------------------------------------------ kernels and launcher
@@ -667,9 +677,10 @@ class Lowering:
         _erase_dead(p.block)
         return kernel
 
-    def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
+    def launcher(self, calls: list[KernelCall], gluon: GluonLaunch | None = None) -> tl.LauncherOp:
         """`launch`: allocate the outputs (and K's transformed copy), build the RoPE tables,
-        run the kernels in order, return (out, lse)."""
+        run the kernels in order, return (out, lse). With `gluon` (kernel-path chose the sm90
+        Gluon kernel), the last kernel's launch becomes a per-call choice between the two."""
         q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
         ops: list[Operation] = [
             tl.AllocOp(
@@ -694,8 +705,34 @@ class Lowering:
         ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
             ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
+        if gluon is not None:
+            ops[-1:] = [self.gluon_dispatch(gluon, ops[-1])]
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.names, ops)
+
+    def gluon_dispatch(self, gluon: GluonLaunch, generic: Operation) -> tl.HostIfOp:
+        """`if _gluon_fits(...)`: Q's transforms (when it has any) by `rotate_q`, then the
+        sm90 Gluon kernel on the transformed Q and K; else the generic kernel's launch."""
+        chains = self.chains
+        q, k, v = (self.host_name(a) for a in (chains.q_arg, chains.k_arg, chains.v_arg))
+        then: list[Operation] = []
+        q_in = q
+        if gluon.rotate_q is not None:
+            c = gluon.rotate_q
+            then.append(
+                tl.AllocOp(
+                    "q_rot",
+                    [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)],
+                    dtype_name(self.dtype, "torch"),
+                    f"{q}.device",
+                )
+            )
+            then.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
+            q_in = "q_rot"
+        k_in = "k_rot" if self.k_placement == Placement.PREROTATE else k
+        causal = any(m.kind.data == "causal" for m in chains.masks)
+        then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", chains.qk.effective_scale, causal))
+        return tl.HostIfOp(f"_gluon_fits({q}, {k}, {v}, {gluon.min_len})", then, [generic])
 
 
 def _erase_dead(block: Block) -> None:
@@ -749,7 +786,13 @@ class ConvertAttnToTlPass(ModulePass):
                 if lowering.k_placement == Placement.PREROTATE:
                     calls.append(lowering.rotate_kernel())
                 calls.append(lowering.main_kernel())
-                launcher = lowering.launcher(calls)
+                path, min_len = kernel_path(f)
+                gluon = None
+                if path == GLUON:
+                    gluon = GluonLaunch(lowering.rotate_kernel("q") if chains.q_chain else None, min_len)
+                launcher = lowering.launcher(calls, gluon)
+                if gluon is not None and gluon.rotate_q is not None:
+                    calls.insert(-1, gluon.rotate_q)  # its kernel, defined before the main one
             block = f.parent_block()
             assert block is not None
             block.insert_ops_before([*(call.kernel for call in calls), launcher], f)

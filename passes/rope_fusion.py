@@ -8,7 +8,9 @@ rotated copy of K once (one extra read and write of K, one more launch). The
 Rotation Calculus below compares the two.
 
 In a backward function (attn-autodiff's), Q's and K's transforms both run in
-pre-rotation kernels (`_place_backward` says why).
+pre-rotation kernels (`_place_backward` says why). So do K's for a function that
+kernel-path gave the sm90 Gluon kernel, which reads K through TMA (the Gluon launch
+pre-rotates Q too; the generic kernel beside it keeps Q's transforms in its prologue).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
+from attnfuse.passes.kernel_path import GLUON, kernel_path
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 
@@ -96,6 +99,14 @@ def crossover(
     return n
 
 
+def _k_placement(mode: RopeMode, gluon: bool, fused_s: float, prerotate_s: float) -> Placement:
+    """Where K's transforms run: pre-rotated for the Gluon kernel (it reads K through TMA),
+    else as `mode` says, `auto` by the predicted costs."""
+    if gluon or mode == "prerotate" or (mode == "auto" and prerotate_s < fused_s):
+        return Placement.PREROTATE
+    return Placement.KV_LOOP
+
+
 def _place_backward(f: func.FuncOp, v: AttentionChains) -> None:
     """A backward function's Q and K transforms both run in pre-rotation kernels: its dK/dV
     kernel reads every Q block once per KV block and its dQ kernel every K block once per
@@ -152,10 +163,8 @@ class RopeFusionPass(ModulePass):
             q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
             causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
             fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
-            mode = self.mode
-            if mode == "auto":
-                mode = "fused" if fused_s <= pre_s else "prerotate"
-            placement = Placement.KV_LOOP if mode == "fused" else Placement.PREROTATE
+            gluon = kernel_path(f)[0] == GLUON
+            placement = _k_placement(self.mode, gluon, fused_s, pre_s)
             for k_op in v.k_chain:
                 k_op.attributes["placement"] = PlacementAttr(placement)
             f.attributes["attn.rope_fusion"] = DictionaryAttr(
@@ -165,5 +174,6 @@ class RopeFusionPass(ModulePass):
                     "seq_len": IntegerAttr(seq_len, i64),
                     "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
                     "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
+                    **({"reason": StringAttr("the gluon-sm90 kernel reads K pre-rotated")} if gluon else {}),
                 }
             )

@@ -57,15 +57,23 @@ def test_every_stage_is_written_named_by_the_stage_table_and_reads_back(tmp_path
         *(f"{i:02d}-{name}.mlir" for i, name in enumerate(forward, 1)),
         f"{len(forward) + 1:02d}-triton.py",
     ]
-    assert STAGE_NAMES == ["attn-autodiff", "rope-fusion", "causal-split", "tiling", "convert-attn-to-tl"]
+    assert STAGE_NAMES == [
+        "attn-autodiff",
+        "kernel-path",
+        "rope-fusion",
+        "causal-split",
+        "tiling",
+        "convert-attn-to-tl",
+    ]
     modules = {name: reparse(tmp_path / "dump" / name) for name in files if name.endswith(".mlir")}
     assert modules["00-input.mlir"].is_structurally_equivalent(parse_module(VARIANT))
     # Each stage leaves its mark: tiling adds attn.tiling; the last stage is tl only.
-    assert "attn.tiling" not in (tmp_path / "dump" / "02-causal-split.mlir").read_text()
-    assert "attn.tiling" in (tmp_path / "dump" / "03-tiling.mlir").read_text()
-    last = modules["04-convert-attn-to-tl.mlir"]
+    assert "attn.kernel_path" in (tmp_path / "dump" / "01-kernel-path.mlir").read_text()
+    assert "attn.tiling" not in (tmp_path / "dump" / "03-causal-split.mlir").read_text()
+    assert "attn.tiling" in (tmp_path / "dump" / "04-tiling.mlir").read_text()
+    last = modules["05-convert-attn-to-tl.mlir"]
     assert {op.dialect_name() for op in last.walk()} <= {"builtin", "tl"}
-    assert (tmp_path / "dump" / "05-triton.py").read_text() == compiled.source
+    assert (tmp_path / "dump" / "06-triton.py").read_text() == compiled.source
 
 
 def test_the_backward_dumps_the_autodiff_stage_first(tmp_path):
@@ -84,10 +92,11 @@ def test_a_skipped_stage_writes_no_file(tmp_path):
     compile_module(parse_module(VARIANT), sm=0, causal_split=False, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "00-input.mlir",
-        "01-rope-fusion.mlir",
-        "02-tiling.mlir",
-        "03-convert-attn-to-tl.mlir",
-        "04-triton.py",
+        "01-kernel-path.mlir",
+        "02-rope-fusion.mlir",
+        "03-tiling.mlir",
+        "04-convert-attn-to-tl.mlir",
+        "05-triton.py",
     ]
 
 
@@ -100,9 +109,10 @@ def test_a_failing_stage_leaves_the_stages_before_it(tmp_path):
         compile_module(parse_module(k_twice), sm=0, dump_ir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "00-input.mlir",
-        "01-rope-fusion.mlir",
-        "02-causal-split.mlir",
-        "03-tiling.mlir",
+        "01-kernel-path.mlir",
+        "02-rope-fusion.mlir",
+        "03-causal-split.mlir",
+        "04-tiling.mlir",
     ]
 
 

@@ -352,12 +352,13 @@ def test_dump_stages_writes_the_pipeline_stages(capsys, tmp_path):
     names = sorted(p.name for p in (tmp_path / "d").iterdir())
     assert names == [
         "00-input.mlir",
-        "01-rope-fusion.mlir",
-        "02-causal-split.mlir",
-        "03-tiling.mlir",
-        "04-convert-attn-to-tl.mlir",
+        "01-kernel-path.mlir",
+        "02-rope-fusion.mlir",
+        "03-causal-split.mlir",
+        "04-tiling.mlir",
+        "05-convert-attn-to-tl.mlir",
     ]
-    assert (tmp_path / "d" / "04-convert-attn-to-tl.mlir").read_text() == out.rstrip("\n") + "\n"
+    assert (tmp_path / "d" / "05-convert-attn-to-tl.mlir").read_text() == out.rstrip("\n") + "\n"
     assert parse((tmp_path / "d" / "00-input.mlir").read_text()).is_structurally_equivalent(parse(GQA_SOFTCAP))
 
 

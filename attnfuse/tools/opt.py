@@ -84,8 +84,8 @@ diagnostics:
 stage dump:
   --dump-stages DIR writes the IR as NN-<stage>.mlir into DIR: 00-input.mlir, then
   one file after each pass of -p, attnfuse-pipeline expanded into its stages
-  (01-rope-fusion.mlir, 02-causal-split.mlir, 03-tiling.mlir,
-  04-convert-attn-to-tl.mlir). With --split-input-file, chunk i writes into DIR/i/.
+  (01-kernel-path.mlir, 02-rope-fusion.mlir, 03-causal-split.mlir, 04-tiling.mlir,
+  05-convert-attn-to-tl.mlir). With --split-input-file, chunk i writes into DIR/i/.
   The compiler driver writes the same files, plus NN-triton.py (the generated
   source), for every kernel it compiles when ATTNFUSE_DUMP_IR=DIR is set: into
   DIR/<function>-<hash>/ (see attnfuse.compiler.compile_module). The runtime

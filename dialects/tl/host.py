@@ -9,11 +9,13 @@ from xdsl.dialects.builtin import (
     I64,
     ArrayAttr,
     Float32Type,
+    Float64Type,
     FloatAttr,
     IntegerAttr,
     StringAttr,
     UnitAttr,
     f32,
+    f64,
     i64,
 )
 from xdsl.ir import (
@@ -56,8 +58,25 @@ class LauncherOp(IRDLOperation):
         )
 
 
+@irdl_op_definition
+class HostIfOp(IRDLOperation):
+    """`if <cond>: <then> else: <otherwise>` in the launcher: `cond` is a host expression,
+    each region a block of host ops (the choice between a specialised kernel path and the
+    generic one, made per call on the call's sizes)."""
+
+    name = "tl.host_if"
+    cond = prop_def(StringAttr)
+    then = region_def("single_block")
+    otherwise = region_def("single_block")
+    traits = traits_def(NoTerminator(), HasParent(LauncherOp))
+    assembly_format = "$cond attr-dict-with-keyword $then `else` $otherwise"
+
+    def __init__(self, cond: str, then: Sequence[Operation], otherwise: Sequence[Operation]):
+        super().__init__(properties={"cond": StringAttr(cond)}, regions=[Region(Block(then)), Region(Block(otherwise))])
+
+
 class _HostOp(IRDLOperation):
-    traits = traits_def(HasParent(LauncherOp))
+    traits = traits_def(HasParent(LauncherOp, HostIfOp))
 
 
 @irdl_op_definition
@@ -199,5 +218,36 @@ class HostSumOp(_HostOp):
                 "source": StringAttr(source),
                 "dims": ArrayAttr(IntegerAttr(d, i64) for d in dims),
                 "dtype": StringAttr(dtype),
+            }
+        )
+
+
+@irdl_op_definition
+class GluonAttentionOp(_HostOp):
+    """`_gluon_attention(q, k, v, out, lse, qk_scale, causal)`: the sm90 Gluon attention
+    kernel (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on tensors whose Q and
+    K transforms are applied: out and lse of softmax(q·kᵀ·qk_scale [causal]) v, GQA from the
+    head counts. Operands are host expressions."""
+
+    name = "tl.gluon_attention"
+    q = prop_def(StringAttr)
+    k = prop_def(StringAttr)
+    v = prop_def(StringAttr)
+    out = prop_def(StringAttr)
+    lse = prop_def(StringAttr)
+    qk_scale = prop_def(FloatAttr[Float64Type])
+    causal = opt_prop_def(UnitAttr)
+    assembly_format = "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? attr-dict"
+
+    def __init__(self, q: str, k: str, v: str, out: str, lse: str, qk_scale: float, causal: bool):
+        super().__init__(
+            properties={
+                "q": StringAttr(q),
+                "k": StringAttr(k),
+                "v": StringAttr(v),
+                "out": StringAttr(out),
+                "lse": StringAttr(lse),
+                "qk_scale": FloatAttr(float(qk_scale), f64),
+                **({"causal": UnitAttr()} if causal else {}),
             }
         )

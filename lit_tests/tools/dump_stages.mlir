@@ -5,16 +5,17 @@
 // RUN: rm -rf %t && attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 seq-len=64}' --dump-stages %t > %t.out
 // RUN: ls %t | filecheck %s --check-prefix=FILES
 // FILES:      00-input.mlir
-// FILES-NEXT: 01-rope-fusion.mlir
-// FILES-NEXT: 02-causal-split.mlir
-// FILES-NEXT: 03-tiling.mlir
-// FILES-NEXT: 04-convert-attn-to-tl.mlir
+// FILES-NEXT: 01-kernel-path.mlir
+// FILES-NEXT: 02-rope-fusion.mlir
+// FILES-NEXT: 03-causal-split.mlir
+// FILES-NEXT: 04-tiling.mlir
+// FILES-NEXT: 05-convert-attn-to-tl.mlir
 // FILES-EMPTY:
 
 // The last stage reads back as the tool's output; an earlier one carries its stage's work.
-// RUN: attnfuse-opt %t/04-convert-attn-to-tl.mlir > %t.again
+// RUN: attnfuse-opt %t/05-convert-attn-to-tl.mlir > %t.again
 // RUN: diff %t.again %t.out
-// RUN: attnfuse-opt %t/03-tiling.mlir | filecheck %s --check-prefix=TILING
+// RUN: attnfuse-opt %t/04-tiling.mlir | filecheck %s --check-prefix=TILING
 // TILING: attn.tiling = {block_m = {{[0-9]+}} : i64
 // TILING: attn.mask %s causal
 
@@ -22,9 +23,10 @@
 // RUN: rm -rf %t && attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 causal-split=false}' --dump-stages %t > /dev/null
 // RUN: ls %t | filecheck %s --check-prefix=SKIPPED
 // SKIPPED:      00-input.mlir
-// SKIPPED-NEXT: 01-rope-fusion.mlir
-// SKIPPED-NEXT: 02-tiling.mlir
-// SKIPPED-NEXT: 03-convert-attn-to-tl.mlir
+// SKIPPED-NEXT: 01-kernel-path.mlir
+// SKIPPED-NEXT: 02-rope-fusion.mlir
+// SKIPPED-NEXT: 03-tiling.mlir
+// SKIPPED-NEXT: 04-convert-attn-to-tl.mlir
 // SKIPPED-EMPTY:
 
 // Other passes are one stage each, named by the pass.

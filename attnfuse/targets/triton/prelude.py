@@ -6,7 +6,8 @@ function calls.
 - `_freq_table(key, inv_freq, device)`: the inverse frequencies themselves, for kernels that
   rotate at explicit positions;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
-  compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`).
+  compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`);
+- `_cdiv(a, b)`: the grids' ceiling division.
 
 Generated modules must stay standalone (a cached kernel file is all that is imported), so
 the printer copies this file's code, everything after its imports, into each of them
@@ -68,19 +69,28 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
         return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
     if not _DRIVER:
         active = triton.runtime.driver.active
-        _DRIVER.extend((active.get_current_device, active.get_current_stream))
+        # torch's current_device() re-checks its lazy initialisation on every call; a kernel
+        # launched here has initialised CUDA already.
+        _DRIVER.extend((getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device,
+                        active.get_current_stream))
     device = _DRIVER[0]()
     key = (id(kernel), device, num_warps, num_stages,
            *[a if type(a) is int else (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a
              for a in args])
-    binary = _BINARIES.get(key)
-    if binary is None:
+    entry = _BINARIES.get(key)
+    if entry is None:
         binary = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
         if getattr(binary, "function", None) is not None:
             if len(_BINARIES) >= 1024:
                 _BINARIES.clear()
-            _BINARIES[key] = binary
-        return binary
-    binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-               _DRIVER[1](device), binary.function, binary.packed_metadata, None, None, None, *args)
-    return binary
+            _BINARIES[key] = (binary.run, binary.function, binary.packed_metadata)
+        return
+    run, function, metadata = entry
+    run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+        _DRIVER[1](device), function, metadata, None, None, None, *args)
+
+
+def _cdiv(a, b):
+    """ceil(a / b) for the launch grids (triton.cdiv is a constexpr function: microseconds per
+    host call)."""
+    return -(-a // b)

@@ -14,6 +14,7 @@ import functools
 import importlib.resources
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO
 
@@ -43,6 +44,18 @@ def prelude_source() -> str:
     tree = ast.parse(text)
     first = next(s for s in tree.body[1:] if not isinstance(s, ast.Import | ast.ImportFrom))
     return "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
+
+
+@functools.cache
+def gluon_source() -> str:
+    """The code of `gluon_sm90.py` from its first `triton.experimental` import on: the sm90
+    Gluon kernel, as generated modules that launch it carry it."""
+    text = importlib.resources.files(__name__.rpartition(".")[0]).joinpath("gluon_sm90.py").read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    first = next(
+        s for s in tree.body if isinstance(s, ast.ImportFrom) and (s.module or "").startswith("triton.experimental")
+    )
+    return "import functools\n\n" + "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
 
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
@@ -132,6 +145,9 @@ class TritonPrinter:
                 )
         self.out.write(HEADER)
         self.out.write(prelude_source())
+        if any(isinstance(op, tl.GluonAttentionOp) for op in module.walk()):
+            self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_sm90.py).\n")
+            self.out.write(gluon_source())
         for op in module.ops:
             self.out.write("\n\n")
             if isinstance(op, tl.KernelOp):
@@ -272,7 +288,11 @@ class TritonPrinter:
         ret = op.body.block.last_op
         returned = ", ".join(v.data for v in ret.values) if isinstance(ret, tl.HostReturnOp) else ""
         self.line(f'"""Allocate the outputs and launch the kernels; returns {returned}."""')
-        for h in op.body.block.ops:
+        self.print_host_ops(op.body.block.ops)
+        self.indent -= 1
+
+    def print_host_ops(self, ops: Iterable[Operation]) -> None:
+        for h in ops:
             match h:
                 case tl.AllocOp():
                     shape = ", ".join(s.data for s in h.shape)
@@ -305,9 +325,21 @@ class TritonPrinter:
                     self.line(f"{h.var.data} = {h.source.data}.sum(({dims},)).to({h.dtype.data})")
                 case tl.HostReturnOp():
                     self.line(f"return {', '.join(v.data for v in h.values)}")
+                case tl.HostIfOp():
+                    for head, region in ((f"if {h.cond.data}:", h.then), ("else:", h.otherwise)):
+                        self.line(head)
+                        self.indent += 1
+                        printed = self.lines
+                        self.print_host_ops(region.block.ops)
+                        if self.lines == printed:
+                            self.line("pass")
+                        self.indent -= 1
+                case tl.GluonAttentionOp():
+                    args = ", ".join(a.data for a in (h.q, h.k, h.v, h.out, h.lse))
+                    causal = "True" if h.causal is not None else "False"
+                    self.line(f"_gluon_attention({args}, {h.qk_scale.value.data!r}, causal={causal})")
                 case _:
                     raise DiagnosticException(f"'{h.name}' cannot appear in a tl.launcher")
-        self.indent -= 1
 
 
 _STRIDE = re.compile(r"([A-Za-z_][A-Za-z_0-9]*)\.stride\((\d+)\)")

@@ -101,7 +101,20 @@ tl.kernel @host_in_kernel(%n: i32) {
   tl.alloc "out" shape ["4"] dtype "torch.float16" device "x.device"
   tl.return
 }
-// CHECK: 'tl.alloc' expects parent op 'tl.launcher'
+// CHECK: 'tl.alloc' expects parent op to be one of 'tl.launcher', 'tl.host_if'
+
+// -----
+
+// A tl.host_if is a launcher's.
+tl.kernel @if_in_kernel(%n: i32) {
+  tl.host_if "True" {
+    tl.host_return ["out"]
+  } else {
+    tl.host_return ["out"]
+  }
+  tl.return
+}
+// CHECK: 'tl.host_if' expects parent op 'tl.launcher'
 
 // -----
 

@@ -78,6 +78,11 @@ tl.launcher "launch"(["x", "ids"]) {
   tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
   tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
+  tl.host_if "_gluon_fits(x, x, x, 2048)" {
+    tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
+  } else {
+    tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
+  }
   tl.host_return ["out"]
 }
 
@@ -155,6 +160,11 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
 // CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
+// CHECK-NEXT:     tl.host_if "_gluon_fits(x, x, x, 2048)" {
+// CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
+// CHECK-NEXT:     } else {
+// CHECK-NEXT:       tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
+// CHECK-NEXT:     }
 // CHECK-NEXT:     tl.host_return ["out"]
 // CHECK-NEXT:   }
 // CHECK-NEXT: }
@@ -173,3 +183,6 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC:      "tl.launcher"() <{sym_name = "launch", params = ["x", "ids"]}> ({
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "out", shape = ["x.shape[0]", "16"], dtype = "torch.float16", device = "x.device"}> : () -> ()
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "ws", shape = ["x.shape[0]"], dtype = "torch.float32", device = "x.device", given}> : () -> ()
+// CHECK-GENERIC:        "tl.host_if"() <{cond = "_gluon_fits(x, x, x, 2048)"}> ({
+// CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, causal}> : () -> ()
+// CHECK-GENERIC-NEXT:   }, {

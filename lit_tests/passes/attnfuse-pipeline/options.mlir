@@ -20,10 +20,10 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // OPTS:          tl.kernel @rotate_k(
 // OPTS:          tl.kernel @attn_fwd(
 // OPTS:          tl.call "rotate_k"
-// OPTS-NEXT:     tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 16)"] args [{{.*}}, "lse", "q.shape[2]", "k.shape[2]", "16", "64"] num_warps 2 num_stages 2
+// OPTS-NEXT:     tl.call "attn_fwd" grid ["q.shape[0] * 4", "_cdiv(q.shape[2], 16)"] args [{{.*}}, "lse", "q.shape[2]", "k.shape[2]", "16", "64"] num_warps 2 num_stages 2
 
 // FUSED-NOT:     rotate_k
-// FUSED:         tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args [{{.*}}, "32", "32"{{.*}}] num_warps 4 num_stages 1
+// FUSED:         tl.call "attn_fwd" grid ["q.shape[0] * 4", "_cdiv(q.shape[2], 32)"] args [{{.*}}, "32", "32"{{.*}}] num_warps 4 num_stages 1
 
 // BADMODE:       attnfuse-opt: error: {{.*}}Incompatible types: given ('always',), expected typing.Literal['auto', 'fused', 'prerotate']
 // BADBLOCK:      attnfuse-opt: error: tiling block-m must be a power of two in [16, 256], got 48

@@ -124,7 +124,7 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:    tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK-NEXT:      tl.alloc "out" shape ["q.shape[0]", "4", "q.shape[2]", "16"] dtype "torch.float16" device "q.device"
 // CHECK-NEXT:      tl.alloc "lse" shape ["q.shape[0]", "4", "q.shape[2]"] dtype "torch.float32" device "q.device"
-// CHECK-NEXT:      tl.call "attn_fwd" grid ["q.shape[0] * 4", "triton.cdiv(q.shape[2], 32)"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 num_stages 1
+// CHECK-NEXT:      tl.call "attn_fwd" grid ["q.shape[0] * 4", "_cdiv(q.shape[2], 32)"] args ["q", "q.stride(0)", "q.stride(1)", "q.stride(2)", "q.stride(3)", "k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "v", "v.stride(0)", "v.stride(1)", "v.stride(2)", "v.stride(3)", "out", "out.stride(0)", "out.stride(1)", "out.stride(2)", "out.stride(3)", "lse", "q.shape[2]", "k.shape[2]", "32", "32"] num_warps 4 num_stages 1
 // CHECK-NEXT:      tl.host_return ["out", "lse"]
 // CHECK-NEXT:    }
 // CHECK-NEXT:  }

@@ -47,15 +47,15 @@
 // CHECK-NEXT:      if lse is None:
 // CHECK-NEXT:          lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
 // CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
-// CHECK:           _launch(rotate_k, (triton.cdiv(k.shape[2], 64), k.shape[0] * 8,), 4, 1,
+// CHECK:           _launch(rotate_k, (_cdiv(k.shape[2], 64), k.shape[0] * 8,), 4, 1,
 // CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k.shape[2], 64,
-// CHECK:           _launch(attn_fwd, (q.shape[0] * 32, triton.cdiv(q.shape[2], 32),), 4, 1,
+// CHECK:           _launch(attn_fwd, (q.shape[0] * 32, _cdiv(q.shape[2], 32),), 4, 1,
 // CHECK-NEXT:              q, *q.stride()[:4], k_rot, *k_rot.stride()[:4], v, *v.stride()[:4], out, *out.stride()[:4], lse,
 // CHECK:           return out, lse
 
 // CHECK:       LAUNCH_PARAMS = {
-// CHECK-NEXT:      'rotate_k': {'grid': ['triton.cdiv(k.shape[2], 64)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '64'}},
-// CHECK-NEXT:      'attn_fwd': {'grid': ['q.shape[0] * 32', 'triton.cdiv(q.shape[2], 32)'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
+// CHECK-NEXT:      'rotate_k': {'grid': ['_cdiv(k.shape[2], 64)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '64'}},
+// CHECK-NEXT:      'attn_fwd': {'grid': ['q.shape[0] * 32', '_cdiv(q.shape[2], 32)'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
 // CHECK-NEXT:  }
 
 // Fused: one kernel, K rotated inside the loop.
@@ -72,4 +72,5 @@
 // The sm90 launch parameters come from the tuning table.
 // SM90:        LAUNCH_PARAMS = {
 // SM90-NEXT:       'rotate_k': {{{.*}}},
-// SM90-NEXT:       'attn_fwd': {'grid': ['q.shape[0] * 32', 'triton.cdiv(q.shape[2], {{[0-9]+}})'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},
+// SM90-NEXT:       'rotate_q': {{{.*}}},
+// SM90-NEXT:       'attn_fwd': {'grid': ['q.shape[0] * 32', '_cdiv(q.shape[2], {{[0-9]+}})'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},

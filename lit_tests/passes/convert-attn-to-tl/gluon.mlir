@@ -1,0 +1,47 @@
+// A function kernel-path gave the sm90 Gluon kernel: the launcher chooses per call between
+// it (after Q's and K's transforms in pre-rotation kernels) and the generic kernel.
+
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 gluon-head-dims=64,128}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 gluon=false}' | filecheck %s --check-prefix=OFF
+
+// RoPE on q and k: K pre-rotated for both kernels, Q rotated on the Gluon branch only (the
+// generic kernel rotates it in its prologue).
+// CHECK:       tl.kernel @rotate_k(
+// CHECK:       tl.kernel @rotate_q(
+// CHECK:       tl.kernel @attn_fwd(
+// CHECK:       tl.launcher "launch"(["q", "k", "v"]) {
+// CHECK:         tl.call "rotate_k"
+// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK-NEXT:      tl.alloc "q_rot" shape ["q.shape[0]", "8", "q.shape[2]", "128"] dtype "torch.bfloat16" device "q.device"
+// CHECK-NEXT:      tl.call "rotate_q"
+// CHECK-NEXT:      tl.gluon_attention "q_rot", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal
+// CHECK-NEXT:    } else {
+// CHECK-NEXT:      tl.call "attn_fwd"
+// CHECK-NEXT:    }
+// CHECK-NEXT:    tl.host_return ["out", "lse"]
+// OFF-NOT:     tl.host_if
+// OFF-NOT:     rotate_q
+func.func @rope(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q half theta = 10000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k half theta = 10000.0 rotary_dim = 128 : tensor<?x2x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// No transforms: q and k go to the Gluon kernel as they are; the given scale is its scale.
+// CHECK-NOT:   rotate_
+// CHECK:       tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK-NEXT:    tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 2.500000e-01
+// CHECK-NOT:     causal
+// CHECK-NEXT:  } else {
+func.func @full(%q: tensor<?x4x?x64xf16>, %k: tensor<?x4x?x64xf16>, %v: tensor<?x4x?x64xf16>) -> tensor<?x4x?x64xf16> {
+  %s = attn.qk %q, %k scale = 0.25 : tensor<?x4x?x64xf16>, tensor<?x4x?x64xf16> -> !attn.scores<4>
+  %p = attn.softmax %s : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x64xf16> -> tensor<?x4x?x64xf16>
+  func.return %o : tensor<?x4x?x64xf16>
+}

@@ -1,0 +1,94 @@
+// kernel-path: on sm 90 a causal (or unmasked) attention in bf16/fp16 with head dim 128 (64
+// on request: head-dims) takes the Gluon kernel (with the shortest length it runs); anything
+// else keeps the generic Triton kernel, and the attribute says why.
+
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 seq-len=4096}' | filecheck %s --check-prefix=SM80
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=0}' | filecheck %s --check-prefix=INTERP
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=1024}' | filecheck %s --check-prefix=SHORT
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len=512}' | filecheck %s --check-prefix=MINLEN
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
+
+// Llama-3: RoPE (pre-rotated for the Gluon kernel), causal, GQA.
+// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// SM80:   attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}
+// INTERP: attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}
+// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 2048"}
+// MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}
+// OFF:    attn.kernel_path = {path = "triton", reason = "disabled (gluon=false)"}
+func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
+  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 : tensor<?x32x?x128xbf16>
+  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x32x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<32>
+  %m = attn.mask %s causal : !attn.scores<32>
+  %p = attn.softmax %m : !attn.scores<32> -> !attn.probs<32>
+  %o = attn.pv %p, %v : !attn.probs<32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
+  func.return %o : tensor<?x32x?x128xbf16>
+}
+
+// -----
+
+// No mask at all, fp16, head dim 64: the generic kernel, unless head-dims asks for 64.
+// CHECK:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 64: the generic kernel is as fast or faster there (measured)"}}
+// D64:    func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+func.func @full(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor<?x12x?x64xf16>) -> tensor<?x12x?x64xf16> {
+  %s = attn.qk %q, %k : tensor<?x12x?x64xf16>, tensor<?x12x?x64xf16> -> !attn.scores<12>
+  %p = attn.softmax %s : !attn.scores<12> -> !attn.probs<12>
+  %o = attn.pv %p, %v : !attn.probs<12>, tensor<?x12x?x64xf16> -> tensor<?x12x?x64xf16>
+  func.return %o : tensor<?x12x?x64xf16>
+}
+
+// -----
+
+// CHECK:  attn.kernel_path = {path = "triton", reason = "a sliding_window mask (the Gluon kernel takes causal or none)"}
+func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
+  %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
+  %m = attn.mask %s sliding_window(1024) : !attn.scores<4>
+  %p = attn.softmax %m : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xbf16> -> tensor<?x4x?x128xbf16>
+  func.return %o : tensor<?x4x?x128xbf16>
+}
+
+// -----
+
+// CHECK:  attn.kernel_path = {path = "triton", reason = "'attn.softcap' on the scores"}
+func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
+  %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
+  %c = attn.softcap %s cap = 50.0 : !attn.scores<4>
+  %m = attn.mask %c causal : !attn.scores<4>
+  %p = attn.softmax %m : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xbf16> -> tensor<?x4x?x128xbf16>
+  func.return %o : tensor<?x4x?x128xbf16>
+}
+
+// -----
+
+// CHECK:  attn.kernel_path = {path = "triton", reason = "a softmax sink"}
+func.func @sink(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>, %sink: tensor<4xf32>) -> tensor<?x4x?x128xbf16> {
+  %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
+  %m = attn.mask %s causal : !attn.scores<4>
+  %p = attn.softmax %m sink(%sink : tensor<4xf32>) : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xbf16> -> tensor<?x4x?x128xbf16>
+  func.return %o : tensor<?x4x?x128xbf16>
+}
+
+// -----
+
+// CHECK:  attn.kernel_path = {path = "triton", reason = "head dims [256]: the Gluon kernel takes 64 or 128, the same for q, k and v"}
+func.func @d256(%q: tensor<?x4x?x256xbf16>, %k: tensor<?x4x?x256xbf16>, %v: tensor<?x4x?x256xbf16>) -> tensor<?x4x?x256xbf16> {
+  %s = attn.qk %q, %k : tensor<?x4x?x256xbf16>, tensor<?x4x?x256xbf16> -> !attn.scores<4>
+  %p = attn.softmax %s : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x256xbf16> -> tensor<?x4x?x256xbf16>
+  func.return %o : tensor<?x4x?x256xbf16>
+}
+
+// -----
+
+// CHECK:  attn.kernel_path = {path = "triton", reason = "q, k and v are not all bf16 or all f16"}
+func.func @f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: tensor<?x4x?x128xf32>) -> tensor<?x4x?x128xf32> {
+  %s = attn.qk %q, %k : tensor<?x4x?x128xf32>, tensor<?x4x?x128xf32> -> !attn.scores<4>
+  %p = attn.softmax %s : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xf32> -> tensor<?x4x?x128xf32>
+  func.return %o : tensor<?x4x?x128xf32>
+}

@@ -1,0 +1,123 @@
+"""kernel-path: which kernel computes a forward variant's attention on its target.
+
+`gluon-sm90`: on Hopper, the warp-specialized Gluon kernel (TMA loads, asynchronous wgmma,
+ping-pong consumer warpgroups; `attnfuse/targets/triton/gluon_sm90.py`), with Q's and K's
+transforms in pre-rotation kernels. The generic Triton kernel is still generated beside it,
+and the launcher takes it for calls the Gluon kernel does not cover (Nq != Nk, a length not
+a multiple of 128 or below `min-len`, unaligned data).
+
+`triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
+backward, a head dim or dtype or score op the Gluon kernel does not take).
+
+What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), no mask or a
+causal one, no other score op and no sink. Where it is chosen (`GLUON_HEAD_DIMS`) is measured
+(H200, 2026-12-01, benchmarks/results/h200/run_2026-12-01_gluon/): at head dim 128 (the
+Llama-3 shape) it is 1.17-1.37x the generic kernel and 1.02-1.26x cuDNN from N = 2048 to
+16384, with and without RoPE / QK-norm; at head dim 64 (the paper shape) it is 0.93-1.02x the
+generic kernel with RoPE or QK-norm (Q's pre-rotation pass costs more than the kernel gains)
+and 1.00-1.02x without, so head dim 64 keeps the generic kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.passes import ModulePass
+
+from attnfuse.dialects import attn
+from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
+
+GLUON = "gluon-sm90"
+TRITON = "triton"
+GLUON_HEAD_DIMS = (128,)
+"""Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
+module docstring for why 64 is not chosen)."""
+
+
+def gluon_refusal(
+    v: AttentionChains, sm: int, seq_len: int, min_len: int, head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
+) -> str | None:
+    """Why the sm90 Gluon kernel cannot compute `v` (None: it can)."""
+    if sm != 90:
+        return f"sm {sm}: the Gluon kernel is for sm 90 (Hopper)"
+    if v.is_backward:
+        return "a backward function (the Gluon kernel is a forward)"
+    types = {t.get_element_type() for t in (v.q_type, v.k_type, v.v_type)}
+    if len(types) != 1 or not isinstance(next(iter(types)), BFloat16Type | Float16Type):
+        return "q, k and v are not all bf16 or all f16"
+    dims = {t.get_shape()[3] for t in (v.q_type, v.k_type, v.v_type)}
+    if len(dims) != 1 or next(iter(dims)) not in (64, 128):
+        return f"head dims {sorted(dims)}: the Gluon kernel takes 64 or 128, the same for q, k and v"
+    if next(iter(dims)) not in head_dims:
+        return f"head dim {next(iter(dims))}: the generic kernel is as fast or faster there (measured)"
+    if v.softmax.sink is not None:
+        return "a softmax sink"
+    score = _score_refusal(v)
+    if score is not None:
+        return score
+    if seq_len < min_len:
+        return f"compiled for N <= {seq_len}, below the Gluon kernel's min-len {min_len}"
+    return None
+
+
+def _score_refusal(v: AttentionChains) -> str | None:
+    """Why the Gluon kernel cannot apply `v`'s score ops (it masks causally or not at all)."""
+    for op in v.score_ops:
+        if not isinstance(op, attn.MaskOp):
+            return f"'{op.name}' on the scores"
+        if op.kind.data != "causal" or op.extras or op.body.blocks:
+            return f"a {op.kind.data} mask (the Gluon kernel takes causal or none)"
+    return None
+
+
+def kernel_path(f: object) -> tuple[str, int]:
+    """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
+    attrs = getattr(f, "attributes", {})
+    entry = attrs.get("attn.kernel_path")
+    if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
+        return TRITON, 0
+    return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class KernelPathPass(ModulePass):
+    """Choose, per forward function, the kernel that computes its attention: the sm90 Gluon
+    kernel where it takes the variant, else the generic Triton kernel. Marks the function
+    with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
+    reason = "..."}`."""
+
+    name = "kernel-path"
+
+    sm: int | None = None
+    """Target SM version; default: the module's attn.target, else 90."""
+    seq_len: int | None = None
+    """Sequence length the kernel is compiled for; default: attn.target, else 4096."""
+    gluon: bool = True
+    """false: always the generic Triton kernel (the baseline the Gluon path is measured against)."""
+    head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
+    """Head dims the Gluon kernel is chosen for (64 and/or 128; default: where it measured faster)."""
+    min_len: int = 2048
+    """Shortest sequence the Gluon kernel runs (shorter calls are launch-bound: the generic
+    kernel's direct launch costs less host time)."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.min_len < 128:
+            raise ValueError(f"kernel-path min-len must be >= 128, got {self.min_len}")
+        if not set(self.head_dims) <= {64, 128}:
+            raise ValueError(f"kernel-path head-dims must be among 64 and 128, got {list(self.head_dims)}")
+        sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
+        seq_len = target_option(op, "seq_len", self.seq_len, 4096)
+        for f in variant_funcs(op):
+            v = analyse(f)
+            reason = (
+                gluon_refusal(v, sm, seq_len, self.min_len, tuple(self.head_dims))
+                if self.gluon
+                else "disabled (gluon=false)"
+            )
+            if reason is None:
+                entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(self.min_len, i64)}
+            else:
+                entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
+            f.attributes["attn.kernel_path"] = DictionaryAttr(entry)

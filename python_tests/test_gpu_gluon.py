@@ -1,0 +1,171 @@
+"""The sm90 Gluon kernel path (kernel-path `gluon-sm90`) on a Hopper GPU, against the
+reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
+
+For each variant the Gluon kernel takes (plain causal, no mask, RoPE + causal with GQA,
+Qwen3's QK-norm + RoPE, head dims 64 (on request: gluon_head_dims) and 128), the generated
+module runs it at N = 2048 and
+the test checks both that the Gluon kernel ran (a counting wrapper around the module's
+`_gluon_attention`) and the output and log-sum-exp. Calls it does not cover go to the
+generic kernel of the same module: a length that is not a multiple of 128, Nq != Nk, a
+misaligned view; non-contiguous q / v (the Hugging Face layout) take the Gluon kernel after
+a copy. Through the runtime: `attnfuse.variants.llama3` at N = 4096 and its gradients (the
+backward consumes the Gluon forward's out and lse).
+
+Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from kernel_harness import variant
+
+import attnfuse as af
+from attnfuse import variants
+from attnfuse.cache import load_source
+from attnfuse.compiler import compile_module
+from attnfuse.ir import parse_module
+from attnfuse.reference import run_reference_with_lse
+from attnfuse.runtime import device_sm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(torch.cuda.is_available() and device_sm() != 90, reason="the Gluon kernel is sm 90's"),
+]
+
+TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
+ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = {D}"
+NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<{D}xf32>)"
+CAUSAL = "attn.mask {s} causal"
+
+# name -> (hq, hkv, d, dtype, pieces of kernel_harness.variant)
+CASES = {
+    "causal-d128-bf16": (8, 2, 128, torch.bfloat16, dict(score_ops=[CAUSAL])),
+    "full-d64-f16": (4, 4, 64, torch.float16, dict()),
+    "causal-d64-f16": (4, 2, 64, torch.float16, dict(score_ops=[CAUSAL])),
+    "rope-causal-d128-bf16": (8, 2, 128, torch.bfloat16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])),
+    "rope-causal-d128-f16": (8, 2, 128, torch.float16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])),
+    "qknorm-rope-d128-bf16": (
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(
+            q_ops=[NORM, ROPE],
+            k_ops=[NORM, ROPE],
+            score_ops=[CAUSAL],
+            extras=["%wq: tensor<{D}xf32>", "%wk: tensor<{D}xf32>"],
+        ),
+    ),
+}
+
+
+def _ir(hq: int, hkv: int, d: int, dtype: torch.dtype, pieces: dict) -> str:
+    pieces = {k: [p.replace("{D}", str(d)) for p in v] if isinstance(v, list) else v for k, v in pieces.items()}
+    for key in ("q_ops", "k_ops"):
+        pieces[key] = [p.replace("{W}", key[0]) for p in pieces.get(key, [])]
+    return variant(dtype=dtype, hq=hq, hkv=hkv, d=d, **pieces)
+
+
+def _inputs(hq: int, hkv: int, d: int, dtype: torch.dtype, nq: int, nk: int, extras: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(nq * 7 + nk)
+    xs = [torch.randn(1, h, n, d, generator=g).to(dtype) for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
+    return xs + [1 + 0.2 * torch.randn(d, generator=g) for _ in range(extras)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gluon_kernels")
+
+
+def _module(ir: str, folder: Path, seq_len: int) -> tuple[ModuleType, list[int]]:
+    """The generated module (sm 90, compiled for seq_len) and a list counting its Gluon launches."""
+    source = compile_module(parse_module(ir), sm=device_sm(), seq_len=seq_len, gluon_head_dims=(64, 128)).source
+    assert "_gluon_attention(" in source, "kernel-path did not choose the Gluon kernel"
+    kern = load_source(source, folder, interpret=False)
+    calls: list[int] = []
+    real = kern._gluon_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    kern._gluon_attention = counting
+    return kern, calls
+
+
+def _check(kern: ModuleType, ir: str, cpu_args: list[torch.Tensor], gpu_args: list[torch.Tensor], what: str) -> None:
+    dtype = cpu_args[0].dtype
+    out, lse = kern.launch(*gpu_args)
+    torch.cuda.synchronize()
+    ref, ref_lse = run_reference_with_lse(ir, *cpu_args)
+    out = out.double().cpu()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    err = ((out - ref).abs() - TOL[dtype] * ref.abs()).max().item()
+    assert err <= TOL[dtype], f"{what}: max |out - ref| - tol |ref| = {err:.3e}"
+    lse_err = (lse.double().cpu() - ref_lse).abs().max().item()
+    assert lse_err <= TOL[dtype], f"{what}: lse error {lse_err:.3e}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gluon_kernel_matches_the_reference(name: str, folder: Path) -> None:
+    hq, hkv, d, dtype, pieces = CASES[name]
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, 2048)
+    args = _inputs(hq, hkv, d, dtype, 2048, 2048, len(pieces.get("extras", ())))
+    _check(kern, ir, args, [a.cuda() for a in args], name)
+    assert calls == [1], f"{name}: the Gluon kernel did not run"
+
+
+@pytest.mark.parametrize("nq,nk", [(2000, 2000), (1024, 2048)], ids=["ragged", "nq-lt-nk"])
+def test_calls_the_gluon_kernel_does_not_cover_take_the_generic_kernel(nq: int, nk: int, folder: Path) -> None:
+    hq, hkv, d, dtype, pieces = CASES["rope-causal-d128-bf16"]
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, 2048)
+    args = _inputs(hq, hkv, d, dtype, nq, nk, 0)
+    _check(kern, ir, args, [a.cuda() for a in args], f"nq={nq} nk={nk}")
+    assert calls == [], "the Gluon kernel ran on a call it does not cover"
+
+
+def test_misaligned_and_non_contiguous_inputs(folder: Path) -> None:
+    hq, hkv, d, dtype, pieces = CASES["causal-d128-bf16"]
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, 2048)
+    args = _inputs(hq, hkv, d, dtype, 2048, 2048, 0)
+    # The Hugging Face layout: [B, N, H, D] storage seen as [B, H, N, D].
+    hf = [a.transpose(1, 2).contiguous().cuda().transpose(1, 2) for a in args]
+    assert not hf[0].is_contiguous()
+    _check(kern, ir, args, hf, "non-contiguous q, k, v")
+    assert calls == [1]
+    # One element of offset: q's data 2 bytes off a 16-byte boundary (TMA needs 16).
+    flat = torch.empty(args[0].numel() + 1, dtype=dtype, device="cuda")
+    q = flat[1:].view(args[0].shape).copy_(args[0])
+    _check(kern, ir, args, [q, args[1].cuda(), args[2].cuda()], "misaligned q")
+    assert calls == [1], "a misaligned q went to the Gluon kernel"
+
+
+def test_runtime_llama3_forward_and_backward() -> None:
+    """The runtime's kernel for Llama 3 at N = 4096 launches the Gluon forward; its output,
+    and the gradients of the backward that reads its out and lse, match SDPA on rotated
+    inputs in float32."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        for h in (32, 8, 8)
+    )
+    kernel = variants.llama3.compile(q, k, v)
+    assert "_gluon_attention(" in kernel.source
+    out = variants.llama3(q, k, v)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    with af.backend("reference"):
+        q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+        ref = variants.llama3(q32, k32, v32)
+        ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
+    for what, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), strict=True):
+        rel = ((got.float() - want).norm() / want.norm()).item()
+        assert rel < 2e-2, f"llama3 {what}: relative error {rel:.2e}"
