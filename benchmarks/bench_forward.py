@@ -7,9 +7,12 @@ shape and sequence length.
 
 Implementations (JSON key `impl`):
 
-- `attnfuse`: the generated kernel(s) with rope-fusion's `auto` choice for this N;
-  `attnfuse_fused` / `attnfuse_prerotate`: each rope-fusion mode forced (variants with
-  pre-matmul transforms only). A mode whose source equals another's is not re-timed.
+- `attnfuse`: the generated kernel(s) with the pipeline's own choices for this N: on sm90
+  the Gluon kernel where kernel-path takes the variant, and rope-fusion's `auto` mode;
+  `attnfuse_generic`: the generic Triton kernel (`gluon=false`), the baseline of the Gluon
+  path; `attnfuse_fused` / `attnfuse_prerotate`: each rope-fusion mode forced on the generic
+  kernel (variants with pre-matmul transforms only). A build whose source equals another's
+  is not re-timed.
 - `flex`: `torch.compile`d `flex_attention` with a BlockMask (causal or window) and a
   score_mod for softcap / ALiBi; GQA through `enable_gqa`. For a variant with RoPE or
   QK-norm it computes the variant *without* them (the `core`), as in anchors.md.
@@ -179,8 +182,10 @@ def _pre_norm_rope(q, k, wq, wk, cos, sin):
 
 
 def attnfuse_modes(variant: C.BenchVariant) -> tuple[str, ...]:
-    """rope-fusion modes measured: auto, plus both forced ones when there is a K transform."""
-    return ("auto", "fused", "prerotate") if variant.has_pre else ("auto",)
+    """AttnFuse builds measured: auto (the pipeline's own choices: on sm90 the Gluon kernel
+    where kernel-path takes the variant), generic (the generic Triton kernel, gluon=false),
+    plus both forced rope-fusion modes of the generic kernel when there is a K transform."""
+    return ("auto", "generic", "fused", "prerotate") if variant.has_pre else ("auto", "generic")
 
 
 class Runner:
@@ -243,7 +248,10 @@ class Runner:
         return row
 
     def job(self, variant: C.BenchVariant, shape: C.Shape, n: int, mode: str) -> C.KernelJob:
-        return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode=mode)
+        if mode == "auto":
+            return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode="auto")
+        rope_mode = "auto" if mode == "generic" else mode
+        return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode=rope_mode, gluon=False)
 
     def attnfuse(
         self,
@@ -308,9 +316,12 @@ class Runner:
             measured[mode] = self.measure(
                 base, impl, lambda kern=kern, a=inputs.args: kern.launch(*a), ref, flops, computes="full", extra=extra
             )
-        if variant.has_pre and "auto" in measured:
-            choice = next((m for m in ("fused", "prerotate") if sources.get(m) == sources["auto"]), "other")
-            measured["auto"]["auto_choice"] = choice
+        if "auto" in measured:
+            if "_gluon_attention(" in sources["auto"]:
+                measured["auto"]["auto_choice"] = "gluon"
+            elif variant.has_pre:
+                choice = next((m for m in ("fused", "prerotate") if sources.get(m) == sources["auto"]), "other")
+                measured["auto"]["auto_choice"] = choice
 
     def peers_rows(
         self,
@@ -479,6 +490,7 @@ PEER_COLUMNS = (
     "hf_rope+sdpa_math",
 )
 SPEEDUPS = (
+    ("attnfuse_generic", "generic kernel"),
     ("rope+flex", "rope+flex"),
     ("rope+sdpa_cudnn", "rope+cuDNN"),
     ("hf_rope+sdpa_cudnn", "HF eager rope+cuDNN"),
@@ -515,7 +527,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any], args: argparse.Nam
             if not sel:
                 continue
             ns = sorted({r["n"] for r in sel})
-            impls = ["attnfuse", "attnfuse_fused", "attnfuse_prerotate", *PEER_COLUMNS, "rope_only"]
+            impls = ["attnfuse", "attnfuse_generic", "attnfuse_fused", "attnfuse_prerotate", *PEER_COLUMNS, "rope_only"]
             present = [i for i in impls if any(r["impl"] == i for r in sel)]
             out.append(f"\n## {shape.name} ({shape.describe()}), {vname}\n")
             head = ["N", *present]
