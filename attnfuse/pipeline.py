@@ -48,6 +48,10 @@ class AttnFusePipelinePass(ModulePass):
     kernel is otherwise chosen where it takes the variant)."""
     gluon_head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
     """kernel-path's head-dims: the head dims the Gluon kernel is chosen for."""
+    gluon_min_len: int = KernelPathPass.min_len
+    """kernel-path's min-len: the shortest sequence the Gluon kernel runs (no Q transforms)."""
+    gluon_min_len_transformed: int = KernelPathPass.min_len_transformed
+    """kernel-path's min-len-transformed: the same for a variant with Q transforms."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -70,7 +74,14 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
     ("attn-autodiff", lambda o: AttnAutodiffPass(wrt=o.wrt) if o.backward else None),
     (
         "kernel-path",
-        lambda o: KernelPathPass(sm=o.sm, seq_len=o.seq_len, gluon=o.gluon, head_dims=tuple(o.gluon_head_dims)),
+        lambda o: KernelPathPass(
+            sm=o.sm,
+            seq_len=o.seq_len,
+            gluon=o.gluon,
+            head_dims=tuple(o.gluon_head_dims),
+            min_len=o.gluon_min_len,
+            min_len_transformed=o.gluon_min_len_transformed,
+        ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),
     ("causal-split", lambda o: CausalSplitPass() if o.causal_split else None),

@@ -99,25 +99,31 @@ class KernelPathPass(ModulePass):
     head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
     """Head dims the Gluon kernel is chosen for (64 and/or 128; default: where it measured faster)."""
     min_len: int = 2048
-    """Shortest sequence the Gluon kernel runs (shorter calls are launch-bound: the generic
-    kernel's direct launch costs less host time)."""
+    """Shortest sequence the Gluon kernel runs for a variant without Q transforms (shorter
+    calls are launch-bound: the generic kernel's direct launch costs less host time)."""
+    min_len_transformed: int = 4096
+    """The same for a variant with Q transforms (RoPE, QK-norm), whose Gluon launch adds Q's
+    pre-rotation kernel: at N = 2048 such calls were host-bound on the H200's host, 0.69-0.77x
+    the generic kernel in one of three runs (1.17-1.20x in the other two)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if self.min_len < 128:
-            raise ValueError(f"kernel-path min-len must be >= 128, got {self.min_len}")
+        for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
+            if value < 128:
+                raise ValueError(f"kernel-path {name} must be >= 128, got {value}")
         if not set(self.head_dims) <= {64, 128}:
             raise ValueError(f"kernel-path head-dims must be among 64 and 128, got {list(self.head_dims)}")
         sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
             v = analyse(f)
+            min_len = self.min_len_transformed if v.q_chain else self.min_len
             reason = (
-                gluon_refusal(v, sm, seq_len, self.min_len, tuple(self.head_dims))
+                gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims))
                 if self.gluon
                 else "disabled (gluon=false)"
             )
             if reason is None:
-                entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(self.min_len, i64)}
+                entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
             else:
                 entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)

@@ -3,7 +3,7 @@ reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
 
 For each variant the Gluon kernel takes (plain causal, no mask, RoPE + causal with GQA,
 Qwen3's QK-norm + RoPE, head dims 64 (on request: gluon_head_dims) and 128), the generated
-module runs it at N = 2048 and
+module (min-len 2048 for every variant: gluon_min_len_transformed) runs it at N = 2048 and
 the test checks both that the Gluon kernel ran (a counting wrapper around the module's
 `_gluon_attention`) and the output and log-sum-exp. Calls it does not cover go to the
 generic kernel of the same module: a length that is not a multiple of 128, Nq != Nk, a
@@ -84,7 +84,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _module(ir: str, folder: Path, seq_len: int) -> tuple[ModuleType, list[int]]:
     """The generated module (sm 90, compiled for seq_len) and a list counting its Gluon launches."""
-    source = compile_module(parse_module(ir), sm=device_sm(), seq_len=seq_len, gluon_head_dims=(64, 128)).source
+    source = compile_module(
+        parse_module(ir), sm=device_sm(), seq_len=seq_len, gluon_head_dims=(64, 128), gluon_min_len_transformed=2048
+    ).source
     assert "_gluon_attention(" in source, "kernel-path did not choose the Gluon kernel"
     kern = load_source(source, folder, interpret=False)
     calls: list[int] = []
@@ -169,3 +171,29 @@ def test_runtime_llama3_forward_and_backward() -> None:
     for what, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), strict=True):
         rel = ((got.float() - want).norm() / want.norm()).item()
         assert rel < 2e-2, f"llama3 {what}: relative error {rel:.2e}"
+
+
+def test_gluon_forward_captures_in_a_cuda_graph() -> None:
+    """Llama 3 at N = 4096 (the Gluon kernel, after its first launches) captured by
+    torch.cuda.graph: replays with new inputs equal eager calls on them, to the bit."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    static = [torch.randn(1, h, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (32, 8, 8)]
+    assert "_gluon_attention(" in variants.llama3.compile(*static).source
+    result: list[torch.Tensor] = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            result[:] = [variants.llama3(*static)]
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result[:] = [variants.llama3(*static)]
+    for seed in (2, 3):
+        g.manual_seed(seed)
+        fresh = [torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=g) for x in static]
+        for s, f in zip(static, fresh, strict=True):
+            s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(result[0], variants.llama3(*fresh)), f"replay {seed} differs from an eager call"

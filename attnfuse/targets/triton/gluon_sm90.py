@@ -230,6 +230,9 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N, GROUP,
     )
 
 
+_GL_BINARIES = {}
+
+
 @functools.cache
 def _gl_layouts(head_d, dtype):
     """The NVMMA shared layouts of the Q tile, a K/V block and a consumer's O box."""
@@ -261,8 +264,15 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal):
         flat = t.view(-1, d)
         return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d], layout)
 
-    attn_fwd_sm90[(b * hq, n // _GL_BLOCK)](
-        desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), desc(v, _GL_BLOCK, kv_layout),
-        desc(out, _GL_BLOCK // 2, o_layout), lse, qk_scale * _GL_LOG2E, n, hq // k.shape[1],
-        CAUSAL=causal, STAGES=3, num_warps=4)
+    group = hq // k.shape[1]
+    grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
+    args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), desc(v, _GL_BLOCK, kv_layout),
+            desc(out, _GL_BLOCK // 2, o_layout), lse, qk_scale * _GL_LOG2E, n, group)
+    # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
+    key = (q.device.index, q.dtype, d, causal, group == 1, group % 16 == 0, lse.data_ptr() % 16 == 0)
+    binary = _GL_BINARIES.get(key)
+    if binary is None:  # Triton's launch path: compiles or loads the binary
+        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, num_warps=4)
+    else:  # the binary directly, without Triton's per-call argument binding
+        binary[grid](*args, causal, 3)
     return out

@@ -11,7 +11,7 @@
 // CHECK:       tl.kernel @attn_fwd(
 // CHECK:       tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK:         tl.call "rotate_k"
-// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 4096)" {
 // CHECK-NEXT:      tl.alloc "q_rot" shape ["q.shape[0]", "8", "q.shape[2]", "128"] dtype "torch.bfloat16" device "q.device"
 // CHECK-NEXT:      tl.call "rotate_q"
 // CHECK-NEXT:      tl.gluon_attention "q_rot", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal

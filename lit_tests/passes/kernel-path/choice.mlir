@@ -6,15 +6,16 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 seq-len=4096}' | filecheck %s --check-prefix=SM80
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=0}' | filecheck %s --check-prefix=INTERP
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=1024}' | filecheck %s --check-prefix=SHORT
-// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len=512}' | filecheck %s --check-prefix=MINLEN
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len-transformed=512}' | filecheck %s --check-prefix=MINLEN
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
 
-// Llama-3: RoPE (pre-rotated for the Gluon kernel), causal, GQA.
-// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// Llama-3: RoPE (pre-rotated for the Gluon kernel), causal, GQA. With Q transforms the
+// shortest length is min-len-transformed (4096), without them min-len (2048).
+// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 4096 : i64}}
 // SM80:   attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}
 // INTERP: attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}
-// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 2048"}
+// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 4096"}
 // MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}
 // OFF:    attn.kernel_path = {path = "triton", reason = "disabled (gluon=false)"}
 func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {

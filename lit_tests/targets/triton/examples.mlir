@@ -27,7 +27,7 @@
 // ALL:        tl.store(
 // ALL:        def launch(
 // PRE:        _launch(rotate_k, (
-// GLUON:      if _gluon_fits(q, k, v, 2048):
+// GLUON:      if _gluon_fits(q, k, v, 4096):
 // GLUON-NEXT:     q_rot = torch.empty(
 // GLUON-NEXT:     _launch(rotate_q, (
 // GLUON:          _gluon_attention(q_rot, k_rot, v, out, lse, 0.08838834764831843, causal=True)
