@@ -20,6 +20,11 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # sweep on the lent H200 (2026-11-29, benchmarks/results/h200/sweep_tiles.md: causal, RoPE with
 # K in the loop, softcap at B4/H12/N4096/D64 and B1/H32-8/N8192/D128); the D=256 and sm80
 # entries are unmeasured defaults.
+# On sm90 a forward that kernel-path gives the Gluon kernel (passes/kernel_path.py) still gets
+# these tiles for the generic kernel generated beside it; the Gluon kernel has its own fixed
+# 128x128 tiles. The classes it does not take: head dim 64 (its Gluon kernel measured
+# 0.93-1.10x this table's kernel with RoPE / QK-norm, 1.00-1.02x without), score mods, windows,
+# sinks (benchmarks/results/h200/run_2026-12-01_gluon/).
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
