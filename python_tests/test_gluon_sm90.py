@@ -91,3 +91,66 @@ def test_generated_modules_carry_the_library() -> None:
     # The generic kernel alone, where kernel-path does not choose the Gluon kernel.
     for sm, seq_len in ((80, 4096), (90, 1024), (0, 4096)):
         assert "gluon" not in compile_module(parse_module(ir), sm=sm, seq_len=seq_len).source
+
+
+def _stand_in(calls: list):
+    """A float64 `_gluon_attention` (same contract) for the CPU: what the launcher hands the Gluon
+    kernel (Q and K transformed, the score scale) is then checked end to end by the reference."""
+
+    def attention(q, k, v, out, lse, qk_scale, causal):
+        calls.append(qk_scale)
+        group = q.shape[1] // k.shape[1]
+        kk, vv = (x.double().repeat_interleave(group, dim=1) for x in (k, v))
+        s = q.double() @ kk.transpose(-1, -2) * qk_scale
+        if causal:
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        out.copy_((s.softmax(-1) @ vv).to(out.dtype))
+        lse.view(-1)[: s[..., 0].numel()] = s.logsumexp(-1).float().reshape(-1)
+        return out
+
+    return attention
+
+
+@pytest.mark.parametrize("transforms", ["rope", "qknorm_rope_positions", "none"])
+def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, tmp_path) -> None:
+    """The sm90 launcher's Gluon branch under the interpreter, with a float64 stand-in for the
+    Gluon kernel: its pre-rotation kernels (RoPE; RMSNorm with weights, then RoPE at explicit
+    positions) and the scale it passes give the reference's output and lse."""
+    from kernel_harness import variant
+
+    from attnfuse.cache import interpreter_library, load_source
+    from attnfuse.reference import run_reference_with_lse
+
+    rope = "attn.rope {x} half theta = 10000.0 rotary_dim = 64"
+    pieces: dict = {"score_ops": ["attn.mask {s} causal"], "qk": "scale = 0.3"}
+    g = torch.Generator().manual_seed(3)
+    n = 64
+    q, k, v = (torch.randn(1, h, n, 64, generator=g).half() for h in (4, 2, 2))
+    extras: list[torch.Tensor] = []
+    if transforms == "rope":
+        pieces |= {"q_ops": [rope], "k_ops": [rope]}
+    elif transforms == "qknorm_rope_positions":
+        at = "attn.rope {x} half theta = 10000.0 rotary_dim = 64 positions(%pos : tensor<?x?xi64>)"
+        pieces |= {
+            "q_ops": ["attn.norm {x} eps = 1.0e-06 weight(%wq : tensor<64xf32>)", at],
+            "k_ops": ["attn.norm {x} eps = 1.0e-06 weight(%wk : tensor<64xf32>)", at],
+            "extras": ["%wq: tensor<64xf32>", "%wk: tensor<64xf32>", "%pos: tensor<?x?xi64>"],
+        }
+        extras = [1 + 0.3 * torch.randn(64, generator=g), 1 + 0.3 * torch.randn(64, generator=g)]
+        extras.append(torch.randperm(1000, generator=g)[:n].sort().values[None].long())
+    ir = variant(dtype=torch.float16, hq=4, hkv=2, d=64, **pieces)
+    source = compile_module(
+        parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(64,), gluon_min_len_transformed=2048
+    ).source
+    assert ("rotate_q" in source) is (transforms != "none")
+    module = load_source(source, tmp_path, interpret=True)
+    calls: list[float] = []
+    module._gluon_attention = _stand_in(calls)
+    module._gluon_fits = lambda *args: True  # a short sequence, to keep the interpreter fast
+    with interpreter_library():
+        out, lse = module.launch(q, k, v, *extras)
+    assert calls == [pytest.approx(0.3)]
+    ref, ref_lse = run_reference_with_lse(ir, q, k, v, *extras)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-2)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-2)
