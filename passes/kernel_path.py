@@ -10,12 +10,15 @@ a multiple of 128 or below `min-len`, unaligned data).
 backward, a head dim or dtype or score op the Gluon kernel does not take).
 
 What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), no mask or a
-causal one, no other score op and no sink. Where it is chosen (`GLUON_HEAD_DIMS`) is measured
-(H200, 2026-12-01, benchmarks/results/h200/run_2026-12-01_gluon/): at head dim 128 (the
-Llama-3 shape) it is 1.17-1.37x the generic kernel and 1.02-1.26x cuDNN from N = 2048 to
-16384, with and without RoPE / QK-norm; at head dim 64 (the paper shape) it is 0.93-1.02x the
-generic kernel with RoPE or QK-norm (Q's pre-rotation pass costs more than the kernel gains)
-and 1.00-1.02x without, so head dim 64 keeps the generic kernel.
+causal one, no other score op and no sink. Where it is chosen is measured (H200, 2026-12-01,
+benchmarks/results/h200/run_2026-12-01_gluon/):
+- head dim 128 (the Llama-3 shape): 1.24-1.39x the generic kernel wherever chosen, 1.03-1.17x
+  cuDNN (with a separate RoPE for RoPE variants);
+- head dim 64 (the paper shape): 0.93-1.10x the generic kernel with RoPE or QK-norm (Q's
+  pre-rotation pass costs about what the kernel gains) and 1.00-1.02x without, so it keeps
+  the generic kernel (`GLUON_HEAD_DIMS`);
+- N = 2048 with Q transforms: host-bound (three launches and four TMA descriptors for 0.1 ms of
+  GPU work), 0.69-0.77x the generic kernel in one of three runs, hence `min-len-transformed`.
 """
 
 from __future__ import annotations
