@@ -21,6 +21,10 @@
 #   backward  bench_backward.py         (training: fwd+bwd, bwd alone, peak memory vs rope+cuDNN/flex;
 #             both shapes, N 1024..16384, ~5 minutes: best as the only step; split it with
 #             EXTRA_BACKWARD_ARGS="--shapes llama" and "--shapes paper" in two calls if needed)
+#   host      host_path.py              (host time per cache-hit call at N 128 / 512 vs SDPA, the CUDA-graph
+#             floor, a profile; ~1 minute)
+#   gluon     gluon/attention_sm90.py   (the hand-written Gluon kernels v1-v4 vs cuDNN / flash, each in a
+#             supervised subprocess; ~2-4 minutes)
 #   cptests   pytest -m gpu python_tests/test_distributed_gpu.py (2 GPUs, NCCL: context parallelism's
 #             sharded output and gradients against the full sequence; ~1 minute)
 #   cp        torchrun --nproc-per-node 2 bench_cp.py (2 GPUs: one Llama-3-8B attention layer fwd+bwd at
@@ -108,6 +112,17 @@ for step in "${steps[@]}"; do
       # shellcheck disable=SC2086
       timeout -k 10 "$t" python3 benchmarks/bench_hf.py --out "$RESULTS/hf" ${EXTRA_HF_ARGS:-} || status=1
       ;;
+    host)
+      t=$(budget 90)
+      [ "$t" -lt 40 ] && { echo "no time left for $step"; continue; }
+      timeout -k 10 "$t" python3 benchmarks/host_path.py --out "$RESULTS/host" || status=1
+      ;;
+    gluon)
+      t=$(budget 240)
+      [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
+      timeout -k 10 "$t" python3 benchmarks/gluon/attention_sm90.py --out "$RESULTS/gluon" --budget-s $(( t - 20 )) \
+        || status=1
+      ;;
     cptests)
       t=$(budget 150)
       [ "$t" -lt 30 ] && { echo "no time left for $step"; continue; }
@@ -129,7 +144,7 @@ for step in "${steps[@]}"; do
         --out "$RESULTS/fsdp" --budget-s $(( t - 110 )) ${EXTRA_FSDP_ARGS:-} || status=1
       ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, cptests, cp, fsdp)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, host, gluon, cptests, cp, fsdp)"; status=2
       ;;
   esac
 done

@@ -930,6 +930,8 @@ def main():
     args = ap.parse_args()
     if args.compile_only:
         sys.exit(1 if compile_only([v for v in args.versions.split(",") if v in VERSIONS]) else 0)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        sys.exit("attention_sm90.py runs its kernels on an sm 90 (Hopper) GPU; use --compile-only without one")
     if args.worker:
         worker(args.worker, args.out, args.deadline, [int(n) for n in args.seq_lens.split(",")])
     else:
