@@ -646,21 +646,17 @@ class BackwardLowering(Lowering):
             tl.AllocOp("delta", [f"{out}.shape[0]", str(self.hq), f"{out}.shape[2]"], "torch.float32", f"{q}.device")
         ]
 
-        def alloc(name: str, like: str, heads: int, dim: int, dtype: object) -> None:
-            shape = [f"{like}.shape[0]", str(heads), f"{like}.shape[2]", str(dim)]
-            ops.append(tl.AllocOp(name, shape, dtype_name(dtype, "torch"), f"{q}.device"))  # type: ignore[arg-type]
-
         rotated = {c.kernel.sym_name.data for c in calls}
         if "rotate_q" in rotated:
-            alloc("q_rot", q, self.hq, self.d, self.dtype)
+            ops.append(self.alloc_like("q_rot", q, self.hq, self.d, self.dtype))
         if "rotate_k" in rotated:
-            alloc("k_rot", k, self.hkv, self.d, self.kdtype)
+            ops.append(self.alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
         if self.need_dq:
-            alloc("dq", q, self.hq, self.d, self.dtype)
+            ops.append(self.alloc_like("dq", q, self.hq, self.d, self.dtype))
         if self.need_dk:
-            alloc("dk", k, self.hkv, self.d, self.kdtype)
+            ops.append(self.alloc_like("dk", k, self.hkv, self.d, self.kdtype))
         if self.need_dv:
-            alloc("dv", v, self.hkv, self.dv, self.vdtype)
+            ops.append(self.alloc_like("dv", v, self.hkv, self.dv, self.vdtype))
         ops += self.partial_buffers(calls, f"{q}.device")
         ops += self.rope_host_ops(f"{q}.device")
         for c in calls:

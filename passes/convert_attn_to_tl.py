@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, TensorType, f32, i32, i64
-from xdsl.ir import Block, BlockArgument, Operation, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -677,31 +677,30 @@ class Lowering:
         _erase_dead(p.block)
         return kernel
 
+    @staticmethod
+    def alloc_like(var: str, like: str, heads: int, dim: int, dtype: Attribute) -> tl.AllocOp:
+        """`var = torch.empty` of [B, heads, N, dim] in `dtype`, B and N (and the device) those
+        of the launcher's tensor `like`."""
+        return tl.AllocOp(
+            var,
+            [f"{like}.shape[0]", str(heads), f"{like}.shape[2]", str(dim)],
+            dtype_name(dtype, "torch"),
+            f"{like}.device",
+        )
+
     def launcher(self, calls: list[KernelCall], gluon: GluonLaunch | None = None) -> tl.LauncherOp:
         """`launch`: allocate the outputs (and K's transformed copy), build the RoPE tables,
         run the kernels in order, return (out, lse). With `gluon` (kernel-path chose the sm90
         Gluon kernel), the last kernel's launch becomes a per-call choice between the two."""
         q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
         ops: list[Operation] = [
-            tl.AllocOp(
-                "out",
-                [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.dv)],
-                dtype_name(self.dtype, "torch"),
-                f"{q}.device",
-            ),
+            self.alloc_like("out", q, self.hq, self.dv, self.dtype),
             tl.AllocOp(
                 "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
             ),
         ]
         if self.k_placement == Placement.PREROTATE:
-            ops.append(
-                tl.AllocOp(
-                    "k_rot",
-                    [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
-                    dtype_name(self.kdtype, "torch"),
-                    f"{k}.device",
-                )
-            )
+            ops.append(self.alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
         ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
             ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
@@ -719,14 +718,7 @@ class Lowering:
         q_in = q
         if gluon.rotate_q is not None:
             c = gluon.rotate_q
-            then.append(
-                tl.AllocOp(
-                    "q_rot",
-                    [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)],
-                    dtype_name(self.dtype, "torch"),
-                    f"{q}.device",
-                )
-            )
+            then.append(self.alloc_like("q_rot", q, self.hq, self.d, self.dtype))
             then.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
             q_in = "q_rot"
         k_in = "k_rot" if self.k_placement == Placement.PREROTATE else k
