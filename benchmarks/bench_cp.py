@@ -37,7 +37,6 @@ formula on the full sequence; it exits non-zero if the check fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import os
 import statistics
@@ -506,14 +505,7 @@ def main() -> None:
     args.ns = [32, 64] if args.smoke else [int(x) for x in args.ns.split(",") if x]
     args.single_ns = [int(x) for x in args.single_ns.split(",") if x]
     args.out.mkdir(parents=True, exist_ok=True)
-    if torch.cuda.is_available() and not args.smoke:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=300))
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    device = C.init_distributed(args.smoke)
     if args.smoke:
         bad = smoke(args, device)
         dist.destroy_process_group()

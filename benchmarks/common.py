@@ -552,6 +552,23 @@ def add_measurement_args(ap: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------- records
 
 
+def init_distributed(smoke: bool) -> torch.device:
+    """The torchrun process's device and its process group: NCCL on its local GPU, or gloo on
+    the CPU with `smoke` or without CUDA; a 300 s timeout (a rank that fails stops the others
+    in minutes, not NCCL's default half hour)."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=300)
+    if torch.cuda.is_available() and not smoke:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
+        return device
+    dist.init_process_group("gloo", timeout=timeout)
+    return torch.device("cpu")
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 

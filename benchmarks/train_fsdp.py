@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import os
 import statistics
@@ -268,14 +267,7 @@ def main() -> None:
         args.n, args.steps, args.warmup = 32, 3, 1
         args.backends = args.backends.replace("sdpa_cudnn", "sdpa").replace("sdpa_flash", "sdpa")
     args.out.mkdir(parents=True, exist_ok=True)
-    if torch.cuda.is_available() and not args.smoke:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=300))
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    device = C.init_distributed(args.smoke)
     if device.type != "cuda" and not args.smoke:
         sys.exit("train_fsdp.py needs CUDA GPUs (or --smoke)")
     if args.compile:
