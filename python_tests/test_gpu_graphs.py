@@ -5,7 +5,8 @@ CUDA-graph user warms up), a call must capture: no host synchronisation, no allo
 outside the graph's pool, no launch that bypasses the capturing stream. A replay with new
 data in the captured inputs must then give what an eager call on that data gives, to the
 bit (same kernels, same inputs). Forward for each named variant family and explicit RoPE
-positions, forward and backward for Llama-3 and Qwen3 (learned QK-norm weights).
+positions, forward and backward for Llama-3 and Qwen3 (learned QK-norm weights), and the
+forward through the sm90 Gluon kernel.
 
 Marked `gpu`, skipped without CUDA.
 """
@@ -19,6 +20,7 @@ import torch
 
 import attnfuse as af
 from attnfuse import variants
+from attnfuse.runtime import device_sm
 
 pytestmark = [
     pytest.mark.gpu,
@@ -81,10 +83,13 @@ def _captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _refill(static: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor]) -> None:
+def _replay(graph: torch.cuda.CUDAGraph, static: Sequence[torch.Tensor], fresh: Sequence[torch.Tensor]) -> None:
+    """Copy `fresh` into the captured inputs, replay the graph and wait for it."""
     with torch.no_grad():
         for s, f in zip(static, fresh, strict=True):
             s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -99,9 +104,7 @@ def test_forward_captures_and_replays(name: str) -> None:
     graph = _captured(call)
     for seed in (2, 3):
         fresh = [*_inputs(32, 8, seed=seed), *_extras(name, seed=seed)]
-        _refill(static, fresh)
-        graph.replay()
-        torch.cuda.synchronize()
+        _replay(graph, static, fresh)
         expected = f(*fresh)
         assert torch.isfinite(expected).all()
         assert torch.equal(result[0], expected), f"{name}: the replayed graph differs from an eager call (seed {seed})"
@@ -121,9 +124,7 @@ def test_forward_and_backward_capture_and_replay(name: str) -> None:
     graph = _captured(step)
     for seed in (2, 3):
         fresh = [*_inputs(32, 8, seed=seed), *_extras(name, seed=seed)]
-        _refill(static, fresh)
-        graph.replay()
-        torch.cuda.synchronize()
+        _replay(graph, static, fresh)
         leaves = [x.detach().clone().requires_grad_() for x in fresh]
         out = f(*leaves)
         expected = [out.detach(), *torch.autograd.grad(out, leaves, dout)]
@@ -131,3 +132,23 @@ def test_forward_and_backward_capture_and_replay(name: str) -> None:
         for what, got, want in zip(names, result, expected, strict=True):
             assert torch.isfinite(want).all(), f"{name}: {what} is not finite"
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m, w=what: f"{name} {w}: {m}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and device_sm() != 90, reason="the Gluon kernel is sm 90's")
+def test_gluon_forward_captures_and_replays() -> None:
+    """Llama 3 at N = 4096 takes the sm90 Gluon kernel (after its first launches); captured,
+    its replays equal eager calls on the new inputs, to the bit."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    static = [torch.randn(1, h, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (32, 8, 8)]
+    assert "_gluon_attention(" in variants.llama3.compile(*static).source
+    result: list[torch.Tensor] = []
+
+    def call() -> None:
+        result[:] = [variants.llama3(*static)]
+
+    graph = _captured(call)
+    for seed in (2, 3):
+        g.manual_seed(seed)
+        fresh = [torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=g) for x in static]
+        _replay(graph, static, fresh)
+        assert torch.equal(result[0], variants.llama3(*fresh)), f"replay {seed} differs from an eager call"
