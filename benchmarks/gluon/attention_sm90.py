@@ -14,7 +14,9 @@ Kernel versions, each selectable, in increasing ambition:
   flight while the softmax of block j+1 runs, so the tensor cores are not idle during the exponentials.
   ``v3s2`` is v3 with a 2-deep K/V ring at D=128 (160 KB of shared memory instead of 224 KB).
 - v4 ``ping-pong``: v3's consumer split into two 4-warp partitions (one warpgroup, 64 rows each) that take turns
-  issuing their wgmmas (FA3's ping-pong), so one warpgroup's softmax overlaps the other's GEMMs.
+  issuing their wgmmas (FA3's ping-pong), so one warpgroup's softmax overlaps the other's GEMMs. It is the kernel
+  the compiler ships, imported from ``attnfuse/targets/triton/gluon_sm90.py`` (``attn_fwd_sm90``), as are the
+  pieces all versions share (``_gl_tile``, ``_gl_softmax``).
 
 All versions launch the heaviest causal Q tiles first (grid (B*Hq, N/128), Q tiles walked from the last).
 
@@ -53,6 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnfuse.targets.triton.gluon_sm90 import _gl_softmax, _gl_tile, attn_fwd_sm90
+
 LOG2E = 1.4426950408889634
 
 
@@ -62,29 +66,11 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _tile_coords(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's (batch*head, Q tile), its first Q and K/V rows in the flattened [rows, D] views, and its KV
-    block counts: ``n_full`` blocks need no mask, blocks ``[n_full, n_total)`` straddle the causal diagonal.
-    Q tiles are walked from the last, so the heaviest causal tiles start first (the grid is (B*Hq, N/BLOCK_M))."""
-    off_hz = gl.program_id(0)
-    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-    q_row0 = off_hz * N + pid_m * BLOCK_M
-    kv_row0 = (off_hz // GROUP) * N
-    if CAUSAL:
-        n_full = (pid_m * BLOCK_M) // BLOCK_N
-        n_total = ((pid_m + 1) * BLOCK_M) // BLOCK_N
-    else:
-        n_full = N // BLOCK_N
-        n_total = n_full
-    return off_hz, pid_m, q_row0, kv_row0, n_full, n_total
-
-
-@gluon.jit
 def _issue_kv(descs, bufs, kv_row0, j, pred, STAGES: gl.constexpr):
     """TMA loads of K/V block ``j`` into ring slot ``j % STAGES``; K and V have their own barriers so S = Q.K^T can
     start before V lands. ``pred`` skips the loads (past the last block)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     slot = j % STAGES
     row = kv_row0 + j * BLOCK_N
@@ -98,23 +84,9 @@ def _issue_kv(descs, bufs, kv_row0, j, pred, STAGES: gl.constexpr):
 def _issue_q(descs, bufs, q_row0):
     """TMA load of this program's Q tile, signalled on the Q barrier."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_bar, q_smem)
-
-
-@gluon.jit
-def _online_softmax(s, m_i, l_i, qk_scale, q_pos, k_pos, MASKED: gl.constexpr):
-    """Base-2 online softmax of one raw score block ``s``: returns P (fp32, unnormalised), the rescale factor of
-    the running output, and the new running max (scaled, base 2) and row sum. ``MASKED`` applies the causal mask
-    (query position >= key position); the caller guarantees every row has kept an unmasked key by then."""
-    if MASKED:
-        s = gl.where(q_pos[:, None] >= k_pos[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
 
 
 @gluon.jit
@@ -137,7 +109,7 @@ def _release(descs, bufs, kv_row0, j, n_total, STAGES: gl.constexpr, WS: gl.cons
     """Block ``j``'s slot is no longer read by any wgmma of this CTA. With a producer partition (``WS``) tell it so
     through the slot's "empty" barrier; without one, refill the slot with block ``j + STAGES`` here. The thread
     barrier makes both warpgroups' wgmmas finished before one thread acts."""
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     gl.thread_barrier()
     if WS:
         mbarrier.arrive(empty_bars.index(j % STAGES), count=1)
@@ -169,7 +141,7 @@ def _serial_blocks(
 ):
     """KV blocks [lo, hi) one at a time: wait K_j, S = Q.K_j^T, softmax, wait V_j, O = O*alpha + P.V_j."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     s_layout: gl.constexpr = q_pos.type.layout.parent
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
@@ -181,7 +153,7 @@ def _serial_blocks(
         mbarrier.wait(k_bars.index(slot), phase)
         s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
+        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p_op = gl.convert_layout(p.to(k_desc.dtype), p_layout)
         mbarrier.wait(v_bars.index(slot), phase)
@@ -205,12 +177,12 @@ def _serial_consumer(
     warps: gl.constexpr = [gl.num_warps(), 1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile_coords(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     q_pos = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     mbarrier.wait(q_bar, 0)
     acc, m_i, l_i = _serial_blocks(
         descs, bufs, acc, m_i, l_i, qk_scale, q_pos, kv_row0, 0, n_full, n_total, False, STAGES, WS
@@ -223,10 +195,9 @@ def _serial_consumer(
 
 
 @gluon.jit
-def _alloc(q_desc, k_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _alloc(q_desc, k_desc, STAGES: gl.constexpr):
     """Shared buffers: the Q tile (reused for the O tile), K and V rings, the Q/K/V-ready barriers (one arrival: the
-    expect-tx of a TMA), the slot-empty barriers (one release per consumer partition) and, for v4's ping-pong, the
-    two turn barriers (one arrival: the other consumer has issued its wgmmas)."""
+    expect-tx of a TMA) and the slot-empty barriers (one release by the consumer)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -234,16 +205,13 @@ def _alloc(q_desc, k_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
     fence_async_shared()
-    return (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
+    return (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars)
 
 
 @gluon.jit
@@ -254,8 +222,8 @@ def attn_fwd_v1(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = _alloc(q_desc, k_desc, STAGES, 1)
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile_coords(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    bufs = _alloc(q_desc, k_desc, STAGES)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     _issue_q(descs, bufs, q_row0)
     for j in gl.static_range(STAGES):
         _issue_kv(descs, bufs, kv_row0, j, j < n_total, STAGES)
@@ -272,10 +240,10 @@ def _producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr)
     """The load partition: Q once, then K/V block j into slot j % STAGES once the consumers released the block
     that used the slot before (parity trick: the first STAGES waits pass at once)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile_coords(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     _issue_q(descs, bufs, q_row0)
     for j in range(n_total):
         mbarrier.wait(empty_bars.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
@@ -289,7 +257,7 @@ def attn_fwd_v2(
     """v2: the serial consumer of v1 in the default partition, all TMA loads in a 1-warp producer partition
     (given 24 registers; the consumers get the rest)."""
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = _alloc(q_desc, k_desc, STAGES, 1)
+    bufs = _alloc(q_desc, k_desc, STAGES)
     gl.warp_specialize(
         [
             (_serial_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, True)),
@@ -303,21 +271,6 @@ def attn_fwd_v2(
 # ----------------------------------------------------------------------------------------------------------------------
 # Intra-warpgroup overlap (v3): softmax of block j+1 runs while P_j.V_j is on the tensor cores
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-@gluon.jit
-def _take_turn(turn_bars, event, WG: gl.constexpr):
-    """Ping-pong (WG >= 0): a consumer's wgmma issue number ``event`` waits until the other consumer has issued its
-    previous one (consumer 0: its number event-1; consumer 1: its number event). No-op without ping-pong (WG < 0)."""
-    if WG >= 0:
-        mbarrier.wait(turn_bars.index(WG), (event & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _pass_turn(turn_bars, WG: gl.constexpr):
-    """Ping-pong: hand the tensor cores to the other consumer once this one's wgmmas are issued."""
-    if WG >= 0:
-        mbarrier.arrive(turn_bars.index(1 - WG), count=1)
 
 
 @gluon.jit
@@ -335,13 +288,12 @@ def _overlap_blocks(
     hi,
     MASKED: gl.constexpr,
     STAGES: gl.constexpr,
-    WG: gl.constexpr,
 ):
     """KV blocks [lo, hi). On entry ``p_op`` holds P of block lo-1 (acc already rescaled for it), not yet multiplied
     by V_{lo-1}. Per block j: issue S_j = Q.K_j^T, issue O += P_{j-1}.V_{j-1}, wait for S_j only, softmax_j, then
     wait for the P.V, release slot j-1 and rescale O. Returns the same state for block hi-1."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     s_layout: gl.constexpr = q_pos.type.layout.parent
     s_zero = gl.zeros([q_pos.shape[0], BLOCK_N], gl.float32, s_layout)
@@ -351,12 +303,10 @@ def _overlap_blocks(
         prev = (j - 1) % STAGES
         mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        _take_turn(turn_bars, j, WG)
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        _pass_turn(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
+        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
         mbarrier.arrive(empty_bars.index(prev), count=1)
@@ -366,59 +316,49 @@ def _overlap_blocks(
 
 
 @gluon.jit
-def _overlap_consumer(
-    descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr
-):
-    """The rows of one Q tile this partition owns (all of them, or with ping-pong (WG >= 0) the half given by the
-    o_desc box), with the S/P.V software pipeline: block 0 (masked when causal: harmless on a full block), the
+def _overlap_consumer(descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """One Q tile with the S/P.V software pipeline: block 0 (masked when causal: harmless on a full block), the
     unmasked blocks, the diagonal blocks, then the last P.V and the epilogue."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = o_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    ROW0: gl.constexpr = ROWS * WG if WG >= 0 else 0
-    # wgmma accumulator layouts of S [ROWS, BN] and O [ROWS, D] (warps along M, 16 rows each per instruction), and
+    # wgmma accumulator layouts of S [BM, BN] and O [BM, D] (warps along M, 16 rows each per instruction), and
     # the register-operand layout P needs as the A operand of O += P.V
     warps: gl.constexpr = [gl.num_warps(), 1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile_coords(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-    q_tile = q_smem.slice(ROW0, ROWS)
-    q_pos = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    q_tile = q_smem
+    q_pos = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
-    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_bars.index(0), 0)
-    _take_turn(turn_bars, 0, WG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _pass_turn(turn_bars, WG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, qk_scale, q_pos, cols, CAUSAL)
+    p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, cols, CAUSAL)
     p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
 
     lo_masked = gl.maximum(n_full, 1)
     acc, m_i, l_i, p_op = _overlap_blocks(
-        descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, 1, n_full, False, STAGES, WG
+        descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, 1, n_full, False, STAGES
     )
     if CAUSAL:
         acc, m_i, l_i, p_op = _overlap_blocks(
-            descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, lo_masked, n_total, True, STAGES, WG
+            descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, lo_masked, n_total, True, STAGES
         )
     last = n_total - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    _take_turn(turn_bars, n_total, WG)
     acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
-    _pass_turn(turn_bars, WG)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    lse_off = off_hz * N + pid_m * BLOCK_M + ROW0
-    _epilogue(acc, m_i, l_i, o_desc, q_tile, lse_ptr, lse_off, q_row0 + ROW0, s_layout)
+    _epilogue(acc, m_i, l_i, o_desc, q_tile, lse_ptr, off_hz * N + pid_m * BLOCK_M, q_row0, s_layout)
 
 
 @gluon.jit
@@ -427,35 +367,14 @@ def attn_fwd_v3(
 ):
     """v3: v2's 1-warp producer partition feeding the overlapped (S_{j+1} / P_j.V_j) consumer."""
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = _alloc(q_desc, k_desc, STAGES, 1)
+    bufs = _alloc(q_desc, k_desc, STAGES)
     gl.warp_specialize(
         [
-            (_overlap_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, -1)),
+            (_overlap_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES)),
             (_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES)),
         ],
         [1],
         [24],
-    )
-
-
-@gluon.jit
-def attn_fwd_v4(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr
-):
-    """v4: v3's consumer split into two 4-warp partitions (one warpgroup each, 64 rows of the 128-row Q tile each,
-    o_desc's box is [64, D]) that take turns issuing their wgmmas (FA3's ping-pong), so one warpgroup's softmax
-    runs while the other's GEMMs occupy the tensor cores; they share the K/V ring (a slot is free once both
-    released it) and no longer synchronise with each other every block. Launch with num_warps=4."""
-    descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = _alloc(q_desc, k_desc, STAGES, 2)
-    gl.warp_specialize(
-        [
-            (_overlap_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, 0)),
-            (_overlap_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, 1)),
-            (_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES)),
-        ],
-        [4, 1],
-        [240, 24],
     )
 
 
@@ -486,7 +405,7 @@ VERSIONS = {
     "v2": Version("v2", attn_fwd_v2),
     "v3": Version("v3", attn_fwd_v3),
     "v3s2": Version("v3s2", attn_fwd_v3, stages_d128=2),  # v3 with a 2-deep ring at D=128 (160 KB)
-    "v4": Version("v4", attn_fwd_v4, num_warps=4, consumers=2),
+    "v4": Version("v4", attn_fwd_sm90, num_warps=4, consumers=2),  # what the compiler ships
 }
 
 SHAPES = {  # name: (B, Hq, Hkv, D, dtype name)
