@@ -800,3 +800,19 @@ def test_interpret_int64_ids_bool_table_and_math_functions():
     ids = torch.tensor([[0] * 9 + [1] * 10, [3] * 19])  # int64
     allowed = torch.rand(4, 4, generator=torch.Generator().manual_seed(7)) > 0.3  # bool
     interpret_matches_reference(tables, (q, k, v, ids, allowed), torch.float16)
+
+
+def test_the_lse_workspace_always_holds_the_call_s_log_sum_exp(monkeypatch):
+    """Calls that discard lse hand the kernel a shared buffer: it must have room for
+    B * Hq * Nq floats of every call (the kernel writes that many, unchecked), grow when a call
+    needs more, and be kept (not re-allocated) when it has room."""
+    monkeypatch.setattr(runtime, "_LSE_WORKSPACES", {})
+    small = torch.empty(1, 2, 10, 4)
+    ws = runtime._lse_workspace(small)
+    assert ws.dtype == torch.float32 and ws.is_contiguous() and ws.numel() >= 20
+    big = torch.empty(3, 8, 5000, 4)
+    grown = runtime._lse_workspace(big)
+    assert grown.numel() >= 3 * 8 * 5000 and grown.device == big.device
+    assert runtime._lse_workspace(small) is grown and runtime._lse_workspace(big) is grown
+    runtime.clear_caches()
+    assert runtime._LSE_WORKSPACES == {}
