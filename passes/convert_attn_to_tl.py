@@ -43,7 +43,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
-from attnfuse.passes.kernel_path import GLUON, kernel_path
+from attnfuse.passes.kernel_path import GLUON, GLUON_BLOCK, kernel_path
 from attnfuse.passes.kv_segments import kv_bounds, kv_segments
 from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
@@ -85,12 +85,34 @@ class KernelCall:
 
 
 @dataclass
+class GluonFunctions:
+    """A variant's score ops as the sm90 Gluon kernel takes them: device functions for its KV
+    range and for the scores of unmasked and masked blocks, and their extra arguments."""
+
+    range_fn: tl.DeviceFnOp
+    score_full: tl.DeviceFnOp | None
+    """None: the score ops are masks only (an unmasked block's scores stay as they are)."""
+    score_masked: tl.DeviceFnOp
+    natural: bool
+    """The functions read the scaled scores (some score op is not a mask)."""
+    args: list[str]
+    """Host expressions for the score functions' arguments after (s, q_idx, kv_idx, off_hz)."""
+
+    @property
+    def ops(self) -> list[tl.DeviceFnOp]:
+        fns = [self.range_fn, self.score_full, self.score_masked]
+        return [f for i, f in enumerate(fns) if f is not None and f not in fns[:i]]
+
+
+@dataclass
 class GluonLaunch:
     """The sm90 Gluon kernel's share of a launcher: its pre-rotation kernel for Q (None when
-    Q has no transforms) and the shortest sequence it runs."""
+    Q has no transforms), the shortest sequence it runs and the variant's score functions
+    (None when the kernel's own causal-or-no mask is the variant's)."""
 
     rotate_q: KernelCall | None
     min_len: int
+    functions: GluonFunctions | None
 
 
 @dataclass
@@ -106,10 +128,10 @@ class ScoreCtx:
     """Query positions, [BLOCK_M, 1]."""
     kv_idx: SSAValue
     """Key positions, [1, BLOCK_N]."""
-    kv_ok: SSAValue
-    """Keys in range (in a full block: the rows in range)."""
-    valid: SSAValue
-    """Pairs whose query and key are both in range."""
+    kv_ok: SSAValue | None
+    """Keys in range (in a full block: the rows in range); None: all are."""
+    valid: SSAValue | None
+    """Pairs whose query and key are both in range; None: all are."""
     doc_q: dict[SSAValue, SSAValue]
     """The queries' ids of each document mask, by its ids argument, [BLOCK_M, 1]."""
 
@@ -350,6 +372,77 @@ class Lowering:
             return kb.cmp("==", ctx.doc_q[op.extras[0]], doc_k, hint="same_doc")
         return self.region(kb, p, op, ctx, None)
 
+    def query_doc_ids(
+        self, kb: KernelBuilder, p: Params, b_off: SSAValue, q_pos: SSAValue, ok: SSAValue | None
+    ) -> dict[SSAValue, SSAValue]:
+        """The document id of each query at `q_pos` (-1 where not `ok`), per document mask,
+        by its ids argument."""
+        doc_q: dict[SSAValue, SSAValue] = {}
+        for mask in self.chains.masks:
+            if mask.kind.data == "document":
+                ids = self.tensor(p, mask.extras[0])
+                base = kb.add(ids.ptr, kb.mul(b_off, ids.strides[0]))
+                ptr = kb.add(base, kb.mul(kb.cast(q_pos, i64), ids.strides[1]))
+                doc_q[mask.extras[0]] = kb.load(ptr, ok, -1, hint="doc_q")
+        return doc_q
+
+    # ------------------------------------------------------------------ the sm90 Gluon kernel's functions
+    def gluon_functions(self) -> GluonFunctions | None:
+        """The variant's score ops as device functions for the sm90 Gluon kernel; None when
+        they are a causal mask or nothing, which the kernel applies itself."""
+        ops = self.chains.score_ops
+        if all(isinstance(op, attn.MaskOp) and op.kind.data == "causal" and not op.extras for op in ops):
+            return None
+        natural = any(not isinstance(op, attn.MaskOp) for op in ops)
+        masks = bool(self.chains.masks)
+        masked, params = self.gluon_score_fn("gluon_score_masked" if masks else "gluon_score", True, None)
+        full = None
+        if natural:
+            full = self.gluon_score_fn("gluon_score", False, params)[0] if masks else masked
+        return GluonFunctions(self.gluon_range_fn(), full, masked, natural, params.host[4:])
+
+    def gluon_range_fn(self) -> tl.DeviceFnOp:
+        """`gluon_kv_range(q_lo, q_hi, NK)`: the keys some query of positions [q_lo, q_hi]
+        keeps, [lo, hi), and those all of them keep, [full_lo, full_hi) (causal-split's
+        bounds, as `kv_segments` gives the generic kernel's loop)."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        q_lo, q_hi, nk = (p.param(n, i32, "") for n in ("q_lo", "q_hi", "NK"))
+        segments = kv_segments(kb, self.kv_bounds, q_lo, q_hi, nk, GLUON_BLOCK)
+        lo, hi = segments[0][0], segments[-1][1]
+        f_lo, f_hi = (segments[1][0], segments[1][1]) if len(segments) == 3 else (hi, hi)
+        p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
+        return self.device_fn("gluon_kv_range", p)
+
+    def gluon_score_fn(self, name: str, masked: bool, like: Params | None) -> tuple[tl.DeviceFnOp, Params]:
+        """`name(s, q_idx, kv_idx, off_hz, *extras)`: the score ops on a block of scores `s`
+        (the masks too when `masked`), for query and key positions q_idx [M, 1] and kv_idx
+        [1, N] of batch*head `off_hz`; every pair is in range. Its extra parameters are those
+        of `like` (the masked function's), in order, when given."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        s = p.param("s", tl.TileType(f32), "")
+        q_idx = p.param("q_idx", tl.TileType(i32), "")
+        kv_idx = p.param("kv_idx", tl.TileType(i32), "")
+        off_hz = p.param("off_hz", i32, "")
+        if like is not None:
+            for key, arg in list(like.by_key.items())[4:]:
+                p.param(key, arg.type, like.host[arg.index])
+        b = kb.floordiv(off_hz, self.hq, hint="b")
+        h = kb.rem(off_hz, self.hq, hint="h")
+        b_off = kb.cast(b, i64, hint="b_off")
+        doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
+        out = self.score_ops(kb, p, s, ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q), masked)
+        if like is not None and len(p.host) != len(like.host):
+            raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
+        p.block.add_op(tl.ReturnOp(out))
+        return self.device_fn(name, p), p
+
+    @staticmethod
+    def device_fn(name: str, p: Params) -> tl.DeviceFnOp:
+        _erase_dead(p.block)
+        return tl.DeviceFnOp(name, p.block)
+
     # ------------------------------------------------------------------ the attention kernel
     def main_kernel(self) -> KernelCall:
         """`attn_fwd`: the prologue, a loop of KV steps per segment, the epilogue."""
@@ -473,13 +566,8 @@ class Lowering:
         dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
         q_idx = kb.row(q_pos)
 
-        doc_q: dict[SSAValue, SSAValue] = {}
-        for mask in chains.masks:  # the query's id of each document mask, loaded once
-            if mask.kind.data == "document":
-                ids = self.tensor(p, mask.extras[0])
-                ids_base = kb.add(ids.ptr, kb.mul(b_off, ids.strides[0]))
-                ids_ptr = kb.add(ids_base, kb.mul(kb.cast(q_pos, i64), ids.strides[1]))
-                doc_q[mask.extras[0]] = kb.row(kb.load(ids_ptr, row_ok, -1, hint="doc_q"))
+        # The query's id of each document mask, loaded once.
+        doc_q = {ids: kb.row(x) for ids, x in self.query_doc_ids(kb, p, b_off, q_pos, row_ok).items()}
         return QBlock(
             pid_bh=pid_bh,
             pid_m=pid_m,
@@ -722,8 +810,18 @@ class Lowering:
             then.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
             q_in = "q_rot"
         k_in = "k_rot" if self.k_placement == Placement.PREROTATE else k
-        causal = any(m.kind.data == "causal" for m in chains.masks)
-        then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", chains.qk.effective_scale, causal))
+        fns = gluon.functions
+        sink = self.host_name(chains.softmax.sink) if chains.softmax.sink is not None else None
+        scale = chains.qk.effective_scale
+        if fns is None:
+            causal = any(m.kind.data == "causal" for m in chains.masks)
+            then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, causal, sink))
+        else:
+            full = fns.score_full.sym_name.data if fns.score_full is not None else None
+            hooks = (fns.range_fn.sym_name.data, full, fns.score_masked.sym_name.data)
+            then.append(
+                tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, False, sink, hooks, fns.natural, fns.args)
+            )
         return tl.HostIfOp(f"_gluon_fits({q}, {k}, {v}, {gluon.min_len})", then, [generic])
 
 
@@ -766,6 +864,7 @@ class ConvertAttnToTlPass(ModulePass):
             )
         for f in funcs:
             chains = analyse(f)
+            functions: list[tl.DeviceFnOp] = []
             if chains.is_backward:
                 from attnfuse.passes.backward_to_tl import BackwardLowering
 
@@ -781,12 +880,14 @@ class ConvertAttnToTlPass(ModulePass):
                 path, min_len = kernel_path(f)
                 gluon = None
                 if path == GLUON:
-                    gluon = GluonLaunch(lowering.rotate_kernel("q") if chains.q_chain else None, min_len)
+                    rotate_q = lowering.rotate_kernel("q") if chains.q_chain else None
+                    gluon = GluonLaunch(rotate_q, min_len, lowering.gluon_functions())
+                    functions = gluon.functions.ops if gluon.functions is not None else []
                 launcher = lowering.launcher(calls, gluon)
                 if gluon is not None and gluon.rotate_q is not None:
                     calls.insert(-1, gluon.rotate_q)  # its kernel, defined before the main one
             block = f.parent_block()
             assert block is not None
-            block.insert_ops_before([*(call.kernel for call in calls), launcher], f)
+            block.insert_ops_before([*(call.kernel for call in calls), *functions, launcher], f)
             f.detach()
             f.erase()

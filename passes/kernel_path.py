@@ -29,11 +29,12 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
-from attnfuse.dialects import attn
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 
 GLUON = "gluon-sm90"
 TRITON = "triton"
+GLUON_BLOCK = 128
+"""Rows of the Gluon kernel's Q tiles and K/V blocks."""
 GLUON_HEAD_DIMS = (128,)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
@@ -55,23 +56,8 @@ def gluon_refusal(
         return f"head dims {sorted(dims)}: the Gluon kernel takes 64 or 128, the same for q, k and v"
     if next(iter(dims)) not in head_dims:
         return f"head dim {next(iter(dims))}: the generic kernel is as fast or faster there (measured)"
-    if v.softmax.sink is not None:
-        return "a softmax sink"
-    score = _score_refusal(v)
-    if score is not None:
-        return score
     if seq_len < min_len:
         return f"compiled for N <= {seq_len}, below the Gluon kernel's min-len {min_len}"
-    return None
-
-
-def _score_refusal(v: AttentionChains) -> str | None:
-    """Why the Gluon kernel cannot apply `v`'s score ops (it masks causally or not at all)."""
-    for op in v.score_ops:
-        if not isinstance(op, attn.MaskOp):
-            return f"'{op.name}' on the scores"
-        if op.kind.data != "causal" or op.extras or op.body.blocks:
-            return f"a {op.kind.data} mask (the Gluon kernel takes causal or none)"
     return None
 
 

@@ -34,8 +34,9 @@ class RegionEnv:
 
     extras: dict[SSAValue, TensorParam]
     """The region's extra-tensor arguments, as kernel tensor parameters."""
-    valid: SSAValue
-    """The (query, key) pairs in range: the mask of a load indexed by a tile."""
+    valid: SSAValue | None
+    """The (query, key) pairs in range: the mask of a load indexed by a tile (None: all are,
+    as in the sm90 Gluon kernel's score functions)."""
 
 
 RegionLowering = Callable[[KernelBuilder, Operation, list[SSAValue], RegionEnv], SSAValue]
@@ -230,7 +231,7 @@ def _extract(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv
         inside = ok if inside is None else kb.and_(inside, ok)
         ptr = kb.add(ptr, kb.mul(kb.cast(idx, i64), stride))
         tile_index |= tl.is_tile(idx.type)
-    mask = kb.and_(env.valid, inside) if tile_index and inside is not None else inside
+    mask = kb.and_(env.valid, inside) if tile_index and inside is not None and env.valid is not None else inside
     return kb.load(ptr, mask, 0)
 
 

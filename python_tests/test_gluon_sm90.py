@@ -12,6 +12,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
 
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
@@ -21,32 +22,99 @@ from attnfuse.targets.triton.printer import gluon_source
 HOPPER_SMEM = 227 * 1024  # bytes of shared memory a CTA may use on sm 90
 
 
+class _Capture:
+    """Stands in for a Gluon kernel: records the arguments of `kernel[grid](...)` calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __getitem__(self, grid: tuple):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def _compile_for_sm90(kernel, args: tuple, kwargs: dict):
+    """Compile the Gluon `kernel` for sm 90 on the CPU (Triton's compiler and ptxas, no driver)
+    as a launch with these arguments would: Triton's own types for them, constants (None,
+    integers equal to 1, in tuples too) folded in."""
+    values = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
+    signature, constexprs = {}, {}
+
+    def type_of(path: tuple[int, ...], value):
+        if isinstance(value, tuple):
+            return tuple(type_of((*path, j), x) for j, x in enumerate(value))
+        kind = "constexpr" if path[0] in kernel.constexprs else mangle_type(value)
+        if kind == "constexpr":
+            constexprs[path] = value
+        return kind
+
+    for i, name in enumerate(kernel.arg_names):
+        signature[name] = type_of((i,), values[name])
+    source = GluonASTSource(kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": kwargs["num_warps"]})
+
+
+def _check_sm90_binary(kernel) -> None:
+    assert 0 < kernel.metadata.shared <= HOPPER_SMEM
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # async wgmma, TMA loads
+    assert "setmaxnreg" in ptx  # warp-specialized partitions with their own register budgets
+
+
 @pytest.mark.parametrize(
     "dtype,head_d,causal",
     [(torch.bfloat16, 128, True), (torch.float16, 64, False)],
     ids=["bf16-d128-causal", "f16-d64"],
 )
-def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool) -> None:
-    q_layout, kv_layout, o_layout = gluon_sm90._gl_layouts(head_d, dtype)
-    name = "bf16" if dtype == torch.bfloat16 else "fp16"
-    signature = {
-        "q_desc": f"tensordesc<{name}[128,{head_d}],{q_layout!r}>",
-        "k_desc": f"tensordesc<{name}[128,{head_d}],{kv_layout!r}>",
-        "v_desc": f"tensordesc<{name}[128,{head_d}],{kv_layout!r}>",
-        "o_desc": f"tensordesc<{name}[64,{head_d}],{o_layout!r}>",
-        "lse_ptr": "*fp32",
-        "qk_scale": "fp32",
-        "N": "i32",
-        "GROUP": "i32",
-        "CAUSAL": "constexpr",
-        "STAGES": "constexpr",
-    }
-    source = GluonASTSource(gluon_sm90.attn_fwd_sm90, signature, constexprs={(8,): causal, (9,): 3})
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert 0 < kernel.metadata.shared <= HOPPER_SMEM
-    ptx = kernel.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # async wgmma, TMA loads
-    assert "setmaxnreg" in ptx  # warp-specialized partitions with their own register budgets
+def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool, monkeypatch) -> None:
+    capture = _Capture()
+    monkeypatch.setattr(gluon_sm90, "attn_fwd_sm90", capture)
+    monkeypatch.setattr(gluon_sm90, "_GL_BINARIES", {})
+    q, k, v = (torch.zeros(1, h, 256, head_d, dtype=dtype) for h in (4, 2, 2))
+    gluon_sm90._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * 256), 0.125, causal)
+    ((args, kwargs),) = capture.calls
+    monkeypatch.undo()
+    _check_sm90_binary(_compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs))
+
+
+# Score ops the generic kernel's lowering also gives the Gluon kernel, as generated functions.
+_FAMILIES = {
+    "softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
+    "prefix-lm": ["attn.mask {s} prefix_lm(700)"],
+    "softcap-no-mask": ["attn.softcap {s} cap = 2.0"],
+    "alibi-causal": ["attn.bias {s} alibi(%sl : tensor<8xf32>)", "attn.mask {s} causal"],
+    "document-causal": ["attn.mask {s} causal", "attn.mask {s} document(%ids : tensor<?x?xi32>)"],
+}
+
+
+@pytest.mark.parametrize("family", list(_FAMILIES))
+@pytest.mark.parametrize("sink", [False, True], ids=["", "sink"])
+def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_path) -> None:
+    """A generated module's Gluon launch (its `gluon_kv_range` and score functions, their
+    extra arguments, a sink) as the launcher makes it, compiled for sm 90."""
+    from kernel_harness import variant
+
+    from attnfuse.cache import load_source
+
+    ops = _FAMILIES[family]
+    extras = [e for e in ("%sl: tensor<8xf32>", "%ids: tensor<?x?xi32>") if e.split(":")[0] in str(ops)]
+    softmax = ""
+    if sink:
+        extras.append("%sk: tensor<8xf32>")
+        softmax = "sink(%sk : tensor<8xf32>)"
+    ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, score_ops=ops, softmax=softmax, extras=extras)
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
+    assert "gluon_kv_range" in source and "hooks=(gluon_kv_range, " in source
+    module = load_source(source, tmp_path, interpret=False)  # no Triton kernel runs: no Q or K transform
+    real, capture = module.attn_fwd_sm90, _Capture()
+    module.attn_fwd_sm90 = capture
+    module._gluon_fits = lambda *args: True
+    q, k, v = (torch.zeros(2, h, 256, 128, dtype=torch.bfloat16) for h in (8, 2, 2))
+    args = {"%sl": torch.ones(8), "%ids": torch.zeros(2, 256, dtype=torch.int32), "%sk": torch.zeros(8)}
+    module.launch(q, k, v, *(args[e.split(":")[0]] for e in extras))
+    ((launch_args, kwargs),) = capture.calls
+    assert kwargs["RANGE"] is module.gluon_kv_range and kwargs["SCORE_MASKED"] is not None
+    assert (launch_args[5] is not None) is sink  # sink_ptr
+    _check_sm90_binary(_compile_for_sm90(real, launch_args, kwargs))
 
 
 def _qkv(nq: int, nk: int, offset: int = 0) -> list[torch.Tensor]:

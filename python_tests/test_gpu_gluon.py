@@ -41,15 +41,52 @@ TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
 ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = {D}"
 NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<{D}xf32>)"
 CAUSAL = "attn.mask {s} causal"
+# tanh(x / 2) + h / 4: a score_mod reading the score, a math op and the head.
+SCORE_MOD = """attn.score_mod {s} {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %c = arith.constant 0.5 : f32
+    %y = arith.mulf %x, %c : f32
+    %t = math.tanh %y : f32
+    %hf = arith.sitofp %h : i32 to f32
+    %q4 = arith.constant 0.25 : f32
+    %hq = arith.mulf %hf, %q4 : f32
+    %z = arith.addf %t, %hq : f32
+    attn.yield %z : f32
+  }"""
+# Keys flagged in %t, or not a multiple of 3, and never the future (an extra tensor, a region).
+CUSTOM_MASK = """attn.mask {s} custom(%t : tensor<?xi32>) {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %tt: tensor<?xi32>):
+    %c3 = arith.constant 3 : i32
+    %z = arith.constant 0 : i32
+    %r = arith.remsi %ki, %c3 : i32
+    %ne = arith.cmpi ne, %r, %z : i32
+    %flag = attn.extract %tt[%ki] : tensor<?xi32>
+    %flagged = arith.cmpi sgt, %flag, %z : i32
+    %either = arith.ori %ne, %flagged : i1
+    %past = arith.cmpi sle, %ki, %qi : i32
+    %keep = arith.andi %either, %past : i1
+    attn.yield %keep : i1
+  }"""
 
-# name -> (hq, hkv, d, dtype, pieces of kernel_harness.variant)
+
+def _doc_ids(b: int, n: int) -> torch.Tensor:
+    """Documents of uneven lengths, cut inside and at the edges of 128-key blocks."""
+    ids = torch.zeros(b, n, dtype=torch.int32)
+    for row, cuts in enumerate(([100, 128, 700, 1500], [5, 1024, 1025])[:b]):
+        for c in cuts:
+            ids[row, c:] += 1
+    return ids
+
+
+# name -> (b, hq, hkv, d, dtype, pieces of kernel_harness.variant, extra tensors for N)
 CASES = {
-    "causal-d128-bf16": (8, 2, 128, torch.bfloat16, dict(score_ops=[CAUSAL])),
-    "full-d64-f16": (4, 4, 64, torch.float16, dict()),
-    "causal-d64-f16": (4, 2, 64, torch.float16, dict(score_ops=[CAUSAL])),
-    "rope-causal-d128-bf16": (8, 2, 128, torch.bfloat16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])),
-    "rope-causal-d128-f16": (8, 2, 128, torch.float16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])),
+    "causal-d128-bf16": (1, 8, 2, 128, torch.bfloat16, dict(score_ops=[CAUSAL]), None),
+    "full-d64-f16": (1, 4, 4, 64, torch.float16, dict(), None),
+    "causal-d64-f16": (1, 4, 2, 64, torch.float16, dict(score_ops=[CAUSAL]), None),
+    "rope-causal-d128-bf16": (1, 8, 2, 128, torch.bfloat16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
+    "rope-causal-d128-f16": (1, 8, 2, 128, torch.float16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
     "qknorm-rope-d128-bf16": (
+        1,
         8,
         2,
         128,
@@ -60,6 +97,77 @@ CASES = {
             score_ops=[CAUSAL],
             extras=["%wq: tensor<{D}xf32>", "%wk: tensor<{D}xf32>"],
         ),
+        lambda g, n: [1 + 0.2 * torch.randn(128, generator=g) for _ in range(2)],
+    ),
+    # Score ops through the generated score functions (a window not a multiple of 128).
+    "gemma2-rope-softcap-window-bf16": (
+        1,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(
+            q_ops=[ROPE],
+            k_ops=[ROPE],
+            qk="scale = 0.0625",
+            score_ops=["attn.softcap {s} cap = 5.0", "attn.mask {s} sliding_window(300)"],
+        ),
+        None,
+    ),
+    "window-f16": (1, 8, 8, 128, torch.float16, dict(score_ops=["attn.mask {s} sliding_window(128)"]), None),
+    "prefix-lm-bf16": (1, 8, 2, 128, torch.bfloat16, dict(score_ops=["attn.mask {s} prefix_lm(700)"]), None),
+    "softcap-no-mask-f16": (1, 8, 2, 128, torch.float16, dict(score_ops=["attn.softcap {s} cap = 2.0"]), None),
+    "alibi-causal-bf16": (
+        1,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(score_ops=["attn.bias {s} alibi(%sl : tensor<8xf32>)", CAUSAL], extras=["%sl: tensor<8xf32>"]),
+        lambda g, n: [torch.tensor([2.0 ** -(i + 1) for i in range(8)])],
+    ),
+    "sink-causal-bf16": (
+        1,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(score_ops=[CAUSAL], softmax="sink(%sk : tensor<8xf32>)", extras=["%sk: tensor<8xf32>"]),
+        lambda g, n: [torch.tensor([0.0, 1.5, -2.0, 4.0, 8.0, -8.0, 0.5, 3.0])],
+    ),
+    "gpt-oss-rope-window-sink-f16": (
+        1,
+        8,
+        2,
+        128,
+        torch.float16,
+        dict(
+            q_ops=[ROPE],
+            k_ops=[ROPE],
+            score_ops=["attn.mask {s} sliding_window(128)"],
+            softmax="sink(%sk : tensor<8xbf16>)",
+            extras=["%sk: tensor<8xbf16>"],
+        ),
+        lambda g, n: [torch.randn(8, generator=g).bfloat16() * 3],
+    ),
+    "document-causal-bf16": (
+        2,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi32>)"], extras=["%ids: tensor<?x?xi32>"]),
+        lambda g, n: [_doc_ids(2, n)],
+    ),
+    "score-mod-causal-f16": (1, 8, 2, 128, torch.float16, dict(score_ops=[SCORE_MOD, CAUSAL]), None),
+    "custom-mask-bf16": (
+        1,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(score_ops=[CUSTOM_MASK], extras=["%t: tensor<?xi32>"]),
+        lambda g, n: [(torch.rand(n, generator=g) < 0.3).int()],
     ),
 }
 
@@ -71,10 +179,11 @@ def _ir(hq: int, hkv: int, d: int, dtype: torch.dtype, pieces: dict) -> str:
     return variant(dtype=dtype, hq=hq, hkv=hkv, d=d, **pieces)
 
 
-def _inputs(hq: int, hkv: int, d: int, dtype: torch.dtype, nq: int, nk: int, extras: int) -> list[torch.Tensor]:
+def _inputs(case: tuple, nq: int, nk: int) -> list[torch.Tensor]:
+    b, hq, hkv, d, dtype, _, make_extras = case
     g = torch.Generator().manual_seed(nq * 7 + nk)
-    xs = [torch.randn(1, h, n, d, generator=g).to(dtype) for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
-    return xs + [1 + 0.2 * torch.randn(d, generator=g) for _ in range(extras)]
+    xs = [torch.randn(b, h, n, d, generator=g).to(dtype) for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
+    return xs + (make_extras(g, nk) if make_extras else [])
 
 
 @pytest.fixture(scope="module")
@@ -115,29 +224,29 @@ def _check(kern: ModuleType, ir: str, cpu_args: list[torch.Tensor], gpu_args: li
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_gluon_kernel_matches_the_reference(name: str, folder: Path) -> None:
-    hq, hkv, d, dtype, pieces = CASES[name]
+    _, hq, hkv, d, dtype, pieces, _ = CASES[name]
     ir = _ir(hq, hkv, d, dtype, pieces)
     kern, calls = _module(ir, folder, 2048)
-    args = _inputs(hq, hkv, d, dtype, 2048, 2048, len(pieces.get("extras", ())))
+    args = _inputs(CASES[name], 2048, 2048)
     _check(kern, ir, args, [a.cuda() for a in args], name)
     assert calls == [1], f"{name}: the Gluon kernel did not run"
 
 
 @pytest.mark.parametrize("nq,nk", [(2000, 2000), (1024, 2048)], ids=["ragged", "nq-lt-nk"])
 def test_calls_the_gluon_kernel_does_not_cover_take_the_generic_kernel(nq: int, nk: int, folder: Path) -> None:
-    hq, hkv, d, dtype, pieces = CASES["rope-causal-d128-bf16"]
+    _, hq, hkv, d, dtype, pieces, _ = CASES["rope-causal-d128-bf16"]
     ir = _ir(hq, hkv, d, dtype, pieces)
     kern, calls = _module(ir, folder, 2048)
-    args = _inputs(hq, hkv, d, dtype, nq, nk, 0)
+    args = _inputs(CASES["rope-causal-d128-bf16"], nq, nk)
     _check(kern, ir, args, [a.cuda() for a in args], f"nq={nq} nk={nk}")
     assert calls == [], "the Gluon kernel ran on a call it does not cover"
 
 
 def test_misaligned_and_non_contiguous_inputs(folder: Path) -> None:
-    hq, hkv, d, dtype, pieces = CASES["causal-d128-bf16"]
+    _, hq, hkv, d, dtype, pieces, _ = CASES["causal-d128-bf16"]
     ir = _ir(hq, hkv, d, dtype, pieces)
     kern, calls = _module(ir, folder, 2048)
-    args = _inputs(hq, hkv, d, dtype, 2048, 2048, 0)
+    args = _inputs(CASES["causal-d128-bf16"], 2048, 2048)
     # The Hugging Face layout: [B, N, H, D] storage seen as [B, H, N, D].
     hf = [a.transpose(1, 2).contiguous().cuda().transpose(1, 2) for a in args]
     assert not hf[0].is_contiguous()

@@ -70,6 +70,7 @@ from attnfuse.dialects.tl.host import (
     RopeTableOp,
 )
 from attnfuse.dialects.tl.kernel import (
+    DeviceFnOp,
     ForOp,
     KernelOp,
     LoadOp,
@@ -96,6 +97,7 @@ TL = Dialect(
     "tl",
     [
         KernelOp,
+        DeviceFnOp,
         ReturnOp,
         ConstantOp,
         ProgramIdOp,
@@ -158,6 +160,7 @@ __all__ = [
     "GatherOp",
     "GluonAttentionOp",
     "HostIfOp",
+    "DeviceFnOp",
     "HostReturnOp",
     "KernelOp",
     "LauncherOp",

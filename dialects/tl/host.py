@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from xdsl.dialects.builtin import (
     I64,
     ArrayAttr,
+    FlatSymbolRefAttr,
     Float32Type,
     Float64Type,
     FloatAttr,
@@ -19,6 +20,7 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.ir import (
+    Attribute,
     Block,
     Operation,
     Region,
@@ -32,6 +34,7 @@ from xdsl.irdl import (
     traits_def,
 )
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator
+from xdsl.utils.exceptions import VerifyException
 
 # --------------------------------------------------------------------------- host ops
 
@@ -224,10 +227,16 @@ class HostSumOp(_HostOp):
 
 @irdl_op_definition
 class GluonAttentionOp(_HostOp):
-    """`_gluon_attention(q, k, v, out, lse, qk_scale, causal)`: the sm90 Gluon attention
-    kernel (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on tensors whose Q and
-    K transforms are applied: out and lse of softmax(q·kᵀ·qk_scale [causal]) v, GQA from the
-    head counts. Operands are host expressions."""
+    """`_gluon_attention(q, k, v, out, lse, qk_scale, ...)`: the sm90 Gluon attention kernel
+    (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on tensors whose Q and K
+    transforms are applied: out and lse of softmax(score ops(q·kᵀ·qk_scale)) v, GQA from the
+    head counts, the per-head `sink` logits (a host expression) in the denominator.
+
+    The score ops are `causal` or none, or the variant's own as `tl.device_fn`s: `range`
+    (the KV blocks a Q tile visits), `score` (unmasked blocks; absent when the ops are masks
+    only) and `masked` (masked blocks), which read the host expressions `args`; `natural`:
+    they read the scaled scores (else only masks, on the raw scores). Operands are host
+    expressions."""
 
     name = "tl.gluon_attention"
     q = prop_def(StringAttr)
@@ -237,17 +246,61 @@ class GluonAttentionOp(_HostOp):
     lse = prop_def(StringAttr)
     qk_scale = prop_def(FloatAttr[Float64Type])
     causal = opt_prop_def(UnitAttr)
-    assembly_format = "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? attr-dict"
+    sink = opt_prop_def(StringAttr)
+    range_fn = opt_prop_def(FlatSymbolRefAttr)
+    score_full = opt_prop_def(FlatSymbolRefAttr)
+    score_masked = opt_prop_def(FlatSymbolRefAttr)
+    natural = opt_prop_def(UnitAttr)
+    args = opt_prop_def(ArrayAttr[StringAttr])
+    assembly_format = (
+        "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? (`sink` $sink^)?"
+        " (`range` $range_fn^)? (`score` $score_full^)? (`masked` $score_masked^)? (`natural` $natural^)?"
+        " (`args` $args^)? attr-dict"
+    )
 
-    def __init__(self, q: str, k: str, v: str, out: str, lse: str, qk_scale: float, causal: bool):
-        super().__init__(
-            properties={
-                "q": StringAttr(q),
-                "k": StringAttr(k),
-                "v": StringAttr(v),
-                "out": StringAttr(out),
-                "lse": StringAttr(lse),
-                "qk_scale": FloatAttr(float(qk_scale), f64),
-                **({"causal": UnitAttr()} if causal else {}),
-            }
-        )
+    def __init__(
+        self,
+        q: str,
+        k: str,
+        v: str,
+        out: str,
+        lse: str,
+        qk_scale: float,
+        causal: bool,
+        sink: str | None = None,
+        hooks: tuple[str, str | None, str] | None = None,
+        natural: bool = False,
+        args: Sequence[str] = (),
+    ):
+        props: dict[str, Attribute] = {
+            "q": StringAttr(q),
+            "k": StringAttr(k),
+            "v": StringAttr(v),
+            "out": StringAttr(out),
+            "lse": StringAttr(lse),
+            "qk_scale": FloatAttr(float(qk_scale), f64),
+        }
+        if causal:
+            props["causal"] = UnitAttr()
+        if sink is not None:
+            props["sink"] = StringAttr(sink)
+        if hooks is not None:
+            range_fn, full, masked = hooks
+            props["range_fn"] = FlatSymbolRefAttr(range_fn)
+            props["score_masked"] = FlatSymbolRefAttr(masked)
+            if full is not None:
+                props["score_full"] = FlatSymbolRefAttr(full)
+        if natural:
+            props["natural"] = UnitAttr()
+        if args:
+            props["args"] = ArrayAttr(StringAttr(a) for a in args)
+        super().__init__(properties=props)
+
+    def verify_(self) -> None:
+        hooked = self.range_fn is not None
+        if hooked != (self.score_masked is not None) or (self.score_full is not None and not hooked):
+            raise VerifyException("tl.gluon_attention takes `range` and `masked` together (and `score` only with them)")
+        if hooked and self.causal is not None:
+            raise VerifyException("tl.gluon_attention with score functions takes no `causal`: its mask is theirs")
+        if not hooked and (self.natural is not None or self.args is not None):
+            raise VerifyException("tl.gluon_attention `natural` and `args` need score functions")

@@ -124,14 +124,59 @@ class KernelOp(IRDLOperation):
 
 @irdl_op_definition
 class ReturnOp(IRDLOperation):
-    """End of a kernel body."""
+    """End of a kernel body (no values) or of a device function's (the values it returns)."""
 
     name = "tl.return"
-    traits = traits_def(IsTerminator(), HasParent(KernelOp))
-    assembly_format = "attr-dict"
+    values = var_operand_def()
+    traits = traits_def(IsTerminator())
+    assembly_format = "($values^ `:` type($values))? attr-dict"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, *values: SSAValue):
+        super().__init__(operands=[list(values)])
+
+    def verify_(self) -> None:
+        parent = self.parent_op()
+        if isinstance(parent, KernelOp) and self.values:
+            raise VerifyException("tl.return in a tl.kernel returns no values")
+        if not isinstance(parent, KernelOp | DeviceFnOp):
+            raise VerifyException("tl.return must be in a tl.kernel or tl.device_fn")
+
+
+@irdl_op_definition
+class DeviceFnOp(IRDLOperation):
+    """A `@triton.jit` device function that kernels call (the sm90 Gluon kernel takes the
+    variant's KV range and score ops as such functions). Block arguments are its parameters;
+    its `tl.return` gives its results."""
+
+    name = "tl.device_fn"
+    sym_name = prop_def(StringAttr)
+    body = region_def("single_block")
+    traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
+
+    def __init__(self, name: str, block: Block):
+        super().__init__(properties={"sym_name": StringAttr(name)}, regions=[Region(block)])
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" @{self.sym_name.data}(")
+        printer.print_list(self.body.block.args, printer.print_block_argument)
+        printer.print_string(")")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> DeviceFnOp:
+        name = parser.parse_symbol_name().data
+        args = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_argument)
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        region = parser.parse_region(args)
+        return cls.create(
+            properties={"sym_name": StringAttr(name)}, attributes=attrs.data if attrs else {}, regions=[region]
+        )
+
+    def verify_(self) -> None:
+        if not isinstance(self.body.block.last_op, ReturnOp) or not self.body.block.last_op.values:
+            raise VerifyException("tl.device_fn body must end with a tl.return of its results")
 
 
 class _AxisOp(IRDLOperation):

@@ -46,32 +46,61 @@ _GL_LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, RANGE: gl.constexpr):
     """This program's batch*head, Q tile (heaviest first), first Q and K/V rows in the
-    flattened [rows, D] views, and KV block counts: blocks [0, n_full) need no mask, blocks
-    [n_full, n_total) straddle the causal diagonal."""
+    flattened [rows, D] views, and its KV blocks: it visits blocks [j0, j_end); block j0 and
+    blocks [j0 + 1, a) and [b, j_end) are masked, blocks [a, b) need no mask. Without a RANGE
+    hook the mask is causal or none; with one, RANGE(q_lo, q_hi, N) gives the keys some
+    query of the tile keeps, [lo, hi), and those every query keeps, [full_lo, full_hi)."""
     off_hz = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     q_row0 = off_hz * N + pid_m * BLOCK_M
     kv_row0 = (off_hz // GROUP) * N
-    if CAUSAL:
-        n_full = (pid_m * BLOCK_M) // BLOCK_N
-        n_total = ((pid_m + 1) * BLOCK_M) // BLOCK_N
+    if RANGE is not None:
+        lo, f_lo, f_hi, hi = RANGE(pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M - 1, N)
+        j0 = lo // BLOCK_N
+        a = gl.maximum((f_lo + BLOCK_N - 1) // BLOCK_N, j0 + 1)
+        b = gl.maximum(f_hi // BLOCK_N, a)
+        j_end = (hi + BLOCK_N - 1) // BLOCK_N
+    elif CAUSAL:
+        j0 = 0
+        a = 1
+        b = gl.maximum((pid_m * BLOCK_M) // BLOCK_N, 1)
+        j_end = ((pid_m + 1) * BLOCK_M) // BLOCK_N
     else:
-        n_full = N // BLOCK_N
-        n_total = n_full
-    return off_hz, pid_m, q_row0, kv_row0, n_full, n_total
+        j0 = 0
+        a = 1
+        b = N // BLOCK_N
+        j_end = b
+    return off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end
 
 
 @gluon.jit
-def _gl_softmax(s, m_i, l_i, qk_scale, q_pos, k_pos, MASKED: gl.constexpr):
-    """One raw score block's base-2 online softmax step: P (unnormalised), the output's
-    rescale factor, the new running max (scaled, base 2) and row sum."""
+def _gl_scores(s, q_pos, k_pos, off_hz, qk_scale, XARGS, HOOK: gl.constexpr, NATURAL: gl.constexpr):
+    """A raw score block with the variant's score ops applied by HOOK, a generated
+    `@triton.jit` function of (s, q_idx, kv_idx, off_hz, *XARGS). NATURAL: the ops read the
+    scaled scores (softcap, biases, score_mod); otherwise they are masks and see raw ones."""
+    if NATURAL:
+        s = s * qk_scale
+    if HOOK is not None:
+        s = HOOK(s, q_pos[:, None], k_pos[None, :], off_hz, *XARGS)
+    return s
+
+
+@gluon.jit
+def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.constexpr):
+    """One score block's base-2 online softmax step (s·mult are base-2 logits): P
+    (unnormalised), the output's rescale factor, the new running max and row sum. MASKED:
+    the causal mask of the kernel without hooks; SAFE: a row may have kept no score yet."""
     if MASKED:
         s = gl.where(q_pos[:, None] >= k_pos[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * mult)
+    if SAFE:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = gl.exp2(s * mult - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
 
@@ -90,28 +119,34 @@ def _gl_pass_turn(turn_bars, WG: gl.constexpr):
 
 
 @gluon.jit
-def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, lo, hi,
-               MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
-    """KV blocks [lo, hi). On entry `p_op` holds P of block lo-1, not yet multiplied by its V.
-    Per block j: issue S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1}, wait for S_j only, softmax_j,
-    then wait for the P·V, release slot j-1 and rescale O."""
+def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS, j0, lo, hi,
+               MASKED: gl.constexpr, HOOK: gl.constexpr, NATURAL: gl.constexpr, SAFE: gl.constexpr,
+               STAGES: gl.constexpr, WG: gl.constexpr):
+    """KV blocks [lo, hi), lo > j0 (the tile's first block, whose ring slot is 0). On entry
+    `p_op` holds P of block lo-1, not yet multiplied by its V. Per block j: issue S_j =
+    Q·K_jᵀ and O += P_{j-1}·V_{j-1}, wait for S_j only, score ops and softmax_j, then wait for
+    the P·V, release slot j-1 and rescale O."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    qk_scale, mult = scales
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     s_layout: gl.constexpr = q_pos.type.layout.parent
     s_zero = gl.zeros([q_pos.shape[0], BLOCK_N], gl.float32, s_layout)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     for j in range(lo, hi):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        _gl_take_turn(turn_bars, j, WG)
+        i = j - j0
+        slot = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_bars.index(slot), (i // STAGES) & 1)
+        mbarrier.wait(v_bars.index(prev), ((i - 1) // STAGES) & 1)
+        _gl_take_turn(turn_bars, i, WG)
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         _gl_pass_turn(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
+        k_pos = j * BLOCK_N + cols
+        s = _gl_scores(s, q_pos, k_pos, off_hz, qk_scale, XARGS, HOOK, NATURAL)
+        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED, SAFE)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
         mbarrier.arrive(empty_bars.index(prev), count=1)
@@ -121,23 +156,28 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, lo, hi
 
 
 @gluon.jit
-def _gl_consumer(descs, bufs, lse_ptr, qk_scale, N, GROUP,
-                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr):
-    """The 64 rows of the Q tile that consumer WG owns: block 0 (masked when causal, harmless
-    on a full block), the unmasked blocks, the diagonal blocks, the last P·V, the epilogue
-    (O = acc / l through shared memory and a TMA store; lse = (m + log2 l)·ln 2)."""
+def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, scales, N, GROUP, HEADS, XARGS,
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr,
+                 SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
+    """The 64 rows of the Q tile that consumer WG owns: its first KV block (masked), the
+    masked blocks before the unmasked ones (RANGE hooks only), the unmasked blocks, the
+    masked blocks after them, the last P·V, the epilogue (the sink's logit; O = acc / l
+    through shared memory and a TMA store; lse = (m + log2 l)·ln 2; a row that kept no score
+    gives zeros and lse = -inf)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    qk_scale, mult = scales
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROW0: gl.constexpr = ROWS * WG
+    SAFE: gl.constexpr = RANGE is not None
     warps: gl.constexpr = [gl.num_warps(), 1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     q_tile = q_smem.slice(ROW0, ROWS)
     q_pos = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -152,44 +192,63 @@ def _gl_consumer(descs, bufs, lse_ptr, qk_scale, N, GROUP,
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _gl_pass_turn(turn_bars, WG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, cols, CAUSAL)
+    k_pos = j0 * BLOCK_N + cols
+    s = _gl_scores(s, q_pos, k_pos, off_hz, qk_scale, XARGS, SCORE_MASKED, NATURAL)
+    p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, CAUSAL, SAFE)
     p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
-    acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos, 1, n_full,
-                                     False, STAGES, WG)
-    if CAUSAL:
-        acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, qk_scale, q_pos,
-                                         gl.maximum(n_full, 1), n_total, True, STAGES, WG)
-    last = n_total - 1
+    if RANGE is not None:
+        acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
+                                         j0, j0 + 1, a, False, SCORE_MASKED, NATURAL, SAFE, STAGES, WG)
+    acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
+                                     j0, a, b, False, SCORE_FULL, NATURAL, SAFE, STAGES, WG)
+    if CAUSAL or RANGE is not None:
+        acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
+                                         j0, b, j_end, CAUSAL, SCORE_MASKED, NATURAL, SAFE, STAGES, WG)
+    last = j_end - 1 - j0
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    _gl_take_turn(turn_bars, n_total, WG)
+    _gl_take_turn(turn_bars, last + 1, WG)
     acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
     _gl_pass_turn(turn_bars, WG)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
+    if sink_ptr is not None:  # the sink's logit joins every row's denominator
+        sink = gl.load(sink_ptr + off_hz % HEADS).to(gl.float32) * 1.4426950408889634
+        m_new = gl.maximum(m_i, sink)
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.exp2(sink - m_new)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        m_i = m_new
+    if SAFE:
+        empty = l_i == 0.0
+        l_i = gl.where(empty, 1.0, l_i)
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
     q_tile.store((acc / l_o[:, None]).to(o_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], q_tile)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    gl.store(lse_ptr + off_hz * N + pid_m * BLOCK_M + ROW0 + rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    if SAFE:
+        lse = gl.where(empty, float("-inf"), lse)
+    gl.store(lse_ptr + off_hz * N + pid_m * BLOCK_M + ROW0 + rows, lse)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """The load partition: Q once, then K/V block j into slot j % STAGES once both consumers
-    released the block that used the slot before (the first STAGES waits pass at once)."""
+def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr):
+    """The load partition: Q once, then K/V block j into ring slot (j - j0) % STAGES once both
+    consumers released the block that used the slot before (the first STAGES waits pass at
+    once)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_bar, q_smem)
-    for j in range(n_total):
-        slot = j % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((j // STAGES) & 1) ^ 1)
-        row = kv_row0 + j * BLOCK_N
+    for i in range(j_end - j0):
+        slot = i % STAGES
+        mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1)
+        row = kv_row0 + (j0 + i) * BLOCK_N
         mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot))
         mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
@@ -197,11 +256,19 @@ def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constex
 
 
 @gluon.jit
-def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N, GROUP,
-                  CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, qk_scale, mult, N, GROUP, HEADS, XARGS,
+                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
+                  SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
     """out, lse of one 128-row Q tile: a TMA producer warp and two ping-pong consumer
-    warpgroups sharing a STAGES-deep K/V ring (see the module docstring). num_warps=4."""
+    warpgroups sharing a STAGES-deep K/V ring (see the module docstring). num_warps=4.
+
+    Scores·mult are the softmax's base-2 logits. Without hooks (RANGE None) the mask is
+    causal (CAUSAL) or none and mult = scale·log2 e. With them, the generated RANGE,
+    SCORE_FULL and SCORE_MASKED functions (and their arguments XARGS) bound the KV loop and
+    apply the variant's score ops, on the scores times qk_scale when NATURAL (mult = log2 e).
+    sink_ptr: None, or the per-head sink logits (HEADS of them)."""
     descs = (q_desc, k_desc, v_desc, o_desc)
+    scales = (qk_scale, mult)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -221,9 +288,11 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N, GROUP,
     bufs = (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
     gl.warp_specialize(
         [
-            (_gl_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, 0)),
-            (_gl_consumer, (descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL, STAGES, 1)),
-            (_gl_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, scales, N, GROUP, HEADS, XARGS, CAUSAL, STAGES, 0,
+                           RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, scales, N, GROUP, HEADS, XARGS, CAUSAL, STAGES, 1,
+                           RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES, RANGE)),
         ],
         [4, 1],
         [240, 24],
@@ -251,11 +320,23 @@ def _gluon_fits(q, k, v, min_len):
             and q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
 
 
-def _gluon_attention(q, k, v, out, lse, qk_scale, causal):
-    """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) of
-    softmax(q·kᵀ·qk_scale [causal]) v by `attn_fwd_sm90`; qk_scale is the score scale, and
-    q and k hold their transforms. Non-contiguous q, k or v are copied first (TMA reads
-    them as [rows, D] views)."""
+def _gl_spec(x):
+    """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment,
+    an integer's being 1 or a multiple of 16 (a direct-binary launch must match them)."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.data_ptr() % 16 == 0
+    if isinstance(x, bool) or not isinstance(x, int):
+        return type(x)
+    return x == 1, x % 16 == 0
+
+
+def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False):
+    """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) by
+    `attn_fwd_sm90`, for q and k holding their transforms and qk_scale the score scale.
+    Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,
+    SCORE_MASKED) generated for the variant, which read `xargs` and, when `natural`, the
+    scaled scores. sink: None or the [Hq] sink logits. Non-contiguous q, k or v are copied
+    first (TMA reads them as [rows, D] views)."""
     q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
     b, hq, n, d = q.shape
     q_layout, kv_layout, o_layout = _gl_layouts(d, q.dtype)
@@ -265,14 +346,18 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal):
         return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d], layout)
 
     group = hq // k.shape[1]
+    rng, full, masked = hooks if hooks is not None else (None, None, None)
+    mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
     grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
     args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), desc(v, _GL_BLOCK, kv_layout),
-            desc(out, _GL_BLOCK // 2, o_layout), lse, qk_scale * _GL_LOG2E, n, group)
+            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, qk_scale, mult, n, group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
-    key = (q.device.index, q.dtype, d, causal, group == 1, group % 16 == 0, lse.data_ptr() % 16 == 0)
+    key = (q.device.index, q.dtype, d, causal, natural, hooks, group == 1, group % 16 == 0, _gl_spec(hq),
+           lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs))
     binary = _GL_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
-        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, num_warps=4)
+        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, RANGE=rng, SCORE_FULL=full,
+                                                SCORE_MASKED=masked, NATURAL=natural, num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, causal, 3)
+        binary[grid](*args, causal, 3, rng, full, masked, natural)
     return out

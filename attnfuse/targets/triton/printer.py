@@ -150,7 +150,7 @@ class TritonPrinter:
             self.out.write(gluon_source())
         for op in module.ops:
             self.out.write("\n\n")
-            if isinstance(op, tl.KernelOp):
+            if isinstance(op, tl.KernelOp | tl.DeviceFnOp):
                 self.print_kernel(op)
             elif isinstance(op, tl.LauncherOp):
                 self.print_launcher(op)
@@ -166,9 +166,9 @@ class TritonPrinter:
         self.out.write("}\n")
 
     # ------------------------------------------------------------------ kernels
-    def print_kernel(self, kernel: tl.KernelOp) -> None:
+    def print_kernel(self, kernel: tl.KernelOp | tl.DeviceFnOp) -> None:
         self.names, self.used = {}, set()
-        cx = {c.data for c in kernel.constexprs}
+        cx = {c.data for c in kernel.constexprs} if isinstance(kernel, tl.KernelOp) else set()
         params = []
         for i, arg in enumerate(kernel.body.block.args):
             n = self.name(arg)
@@ -181,6 +181,9 @@ class TritonPrinter:
         self.indent -= 1
 
     def print_op(self, op: Operation) -> None:
+        if isinstance(op, tl.ReturnOp) and op.values:
+            self.line(f"return {', '.join(self.expr(v) for v in op.values)}")
+            return
         if isinstance(op, tl.ConstantOp | tl.ReturnOp):
             return
         if isinstance(op, tl.ForOp):
@@ -335,11 +338,26 @@ class TritonPrinter:
                             self.line("pass")
                         self.indent -= 1
                 case tl.GluonAttentionOp():
-                    args = ", ".join(a.data for a in (h.q, h.k, h.v, h.out, h.lse))
-                    causal = "True" if h.causal is not None else "False"
-                    self.line(f"_gluon_attention({args}, {h.qk_scale.value.data!r}, causal={causal})")
+                    self.line(f"_gluon_attention({_gluon_args(h)})")
                 case _:
                     raise DiagnosticException(f"'{h.name}' cannot appear in a tl.launcher")
+
+
+def _gluon_args(h: tl.GluonAttentionOp) -> str:
+    """The arguments of `_gluon_attention` for a `tl.gluon_attention`."""
+    args = [a.data for a in (h.q, h.k, h.v, h.out, h.lse)]
+    args += [repr(h.qk_scale.value.data), f"causal={h.causal is not None}"]
+    if h.sink is not None:
+        args.append(f"sink={h.sink.data}")
+    if h.range_fn is not None:
+        fns = (h.range_fn, h.score_full, h.score_masked)
+        args.append(f"hooks=({', '.join('None' if f is None else f.string_value() for f in fns)})")
+    if h.args is not None:
+        xargs = _host_args([a.data for a in h.args])
+        args.append(f"xargs=({', '.join(xargs)},)")
+    if h.natural is not None:
+        args.append("natural=True")
+    return ", ".join(args)
 
 
 _STRIDE = re.compile(r"([A-Za-z_][A-Za-z_0-9]*)\.stride\((\d+)\)")

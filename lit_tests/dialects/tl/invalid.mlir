@@ -25,11 +25,54 @@ tl.kernel @no_return(%a: i32) {
 
 // -----
 
-// tl.return ends kernels only.
+// tl.return ends kernels and device functions only.
 tl.launcher "launch"(["x"]) {
   tl.return
 }
-// CHECK: 'tl.return' expects parent op 'tl.kernel'
+// CHECK: tl.return must be in a tl.kernel or tl.device_fn
+
+// -----
+
+// A kernel returns nothing.
+tl.kernel @k(%a: i32) {
+  tl.return %a : i32
+}
+// CHECK: tl.return in a tl.kernel returns no values
+
+// -----
+
+// A device function returns its results.
+tl.device_fn @f(%a: i32) {
+  tl.return
+}
+// CHECK: tl.device_fn body must end with a tl.return of its results
+
+// -----
+
+// The Gluon kernel's score functions come together: range and masked.
+tl.launcher "launch"(["x"]) {
+  tl.gluon_attention "x", "x", "x" -> "out", "lse" scale 1.000000e+00 range @f
+  tl.host_return ["out"]
+}
+// CHECK: tl.gluon_attention takes `range` and `masked` together (and `score` only with them)
+
+// -----
+
+// With score functions the mask is theirs.
+tl.launcher "launch"(["x"]) {
+  tl.gluon_attention "x", "x", "x" -> "out", "lse" scale 1.000000e+00 causal range @f masked @f
+  tl.host_return ["out"]
+}
+// CHECK: tl.gluon_attention with score functions takes no `causal`: its mask is theirs
+
+// -----
+
+// natural and args are the score functions'.
+tl.launcher "launch"(["x"]) {
+  tl.gluon_attention "x", "x", "x" -> "out", "lse" scale 1.000000e+00 natural
+  tl.host_return ["out"]
+}
+// CHECK: tl.gluon_attention `natural` and `args` need score functions
 
 // -----
 

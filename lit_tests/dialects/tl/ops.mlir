@@ -71,6 +71,12 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   tl.store %h, %ptrs : !tl.tile<f16>, !tl.tile<!tl.ptr<f16>>
   tl.return
 }
+tl.device_fn @score(%s: !tl.tile<f32>, %qi: !tl.tile<i32>, %ki: !tl.tile<i32>, %off: i32, %t: !tl.ptr<f32>) {
+  %keep = tl.cmp "<=" %ki, %qi : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i1>
+  %w = tl.load %t : !tl.ptr<f32> -> f32
+  %sw = tl.mul %s, %w : !tl.tile<f32>, f32 -> !tl.tile<f32>
+  tl.return %sw, %keep : !tl.tile<f32>, !tl.tile<i1>
+}
 tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
   tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
@@ -80,6 +86,7 @@ tl.launcher "launch"(["x", "ids"]) {
   tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
   tl.host_if "_gluon_fits(x, x, x, 2048)" {
     tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
+    tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]
   } else {
     tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   }
@@ -153,6 +160,12 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.store %h, %ptrs : !tl.tile<f16>, !tl.tile<!tl.ptr<f16>>
 // CHECK-NEXT:     tl.return
 // CHECK-NEXT:   }
+// CHECK-NEXT:   tl.device_fn @score(%s: !tl.tile<f32>, %qi: !tl.tile<i32>, %ki: !tl.tile<i32>, %off: i32, %t: !tl.ptr<f32>) {
+// CHECK-NEXT:     %keep = tl.cmp "<=" %ki, %qi : !tl.tile<i32>, !tl.tile<i32> -> !tl.tile<i1>
+// CHECK-NEXT:     %w = tl.load %t : !tl.ptr<f32> -> f32
+// CHECK-NEXT:     %sw = tl.mul %s, %w : !tl.tile<f32>, f32 -> !tl.tile<f32>
+// CHECK-NEXT:     tl.return %sw, %keep : !tl.tile<f32>, !tl.tile<i1>
+// CHECK-NEXT:   }
 // CHECK-NEXT:   tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
 // CHECK-NEXT:     tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
@@ -162,6 +175,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
 // CHECK-NEXT:     tl.host_if "_gluon_fits(x, x, x, 2048)" {
 // CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
+// CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]
 // CHECK-NEXT:     } else {
 // CHECK-NEXT:       tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     }
@@ -180,9 +194,13 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC-NEXT:   ^bb0(%i: i32, %acc_i: !tl.tile<f32>, %best_i: !tl.tile<f32>):
 // CHECK-GENERIC:          "tl.yield"(%ia, %ib) : (!tl.tile<f32>, !tl.tile<f32>) -> ()
 // CHECK-GENERIC:        "tl.return"() : () -> ()
+// CHECK-GENERIC:      "tl.device_fn"() <{sym_name = "score"}> ({
+// CHECK-GENERIC-NEXT: ^bb{{[0-9]+}}(%s: !tl.tile<f32>, %qi: !tl.tile<i32>, %ki: !tl.tile<i32>, %off: i32, %t: !tl.ptr<f32>):
+// CHECK-GENERIC:        "tl.return"(%sw, %keep) : (!tl.tile<f32>, !tl.tile<i1>) -> ()
 // CHECK-GENERIC:      "tl.launcher"() <{sym_name = "launch", params = ["x", "ids"]}> ({
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "out", shape = ["x.shape[0]", "16"], dtype = "torch.float16", device = "x.device"}> : () -> ()
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "ws", shape = ["x.shape[0]"], dtype = "torch.float32", device = "x.device", given}> : () -> ()
 // CHECK-GENERIC:        "tl.host_if"() <{cond = "_gluon_fits(x, x, x, 2048)"}> ({
 // CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, causal}> : () -> ()
+// CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, sink = "ids", range_fn = @score, score_full = @score, score_masked = @score, natural, args = ["x", "x.stride(0)"]}> : () -> ()
 // CHECK-GENERIC-NEXT:   }, {

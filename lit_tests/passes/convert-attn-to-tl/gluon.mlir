@@ -45,3 +45,47 @@ func.func @full(%q: tensor<?x4x?x64xf16>, %k: tensor<?x4x?x64xf16>, %v: tensor<?
   %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x64xf16> -> tensor<?x4x?x64xf16>
   func.return %o : tensor<?x4x?x64xf16>
 }
+
+// -----
+
+// Score ops beyond a causal mask: the Gluon kernel takes them as device functions. The KV range
+// (causal-split's window bounds, in keys), the score ops of unmasked blocks (softcap: on the
+// scaled scores, `natural`) and of masked ones (softcap, then the window); a sink by name.
+// CHECK:       tl.device_fn @gluon_kv_range(%q_lo: i32, %q_hi: i32, %NK: i32)
+// CHECK:         tl.return %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : i32, i32, i32, i32
+// CHECK:       tl.device_fn @gluon_score(%s: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32)
+// CHECK-NOT:     tl.where
+// CHECK:         tl.sigmoid
+// CHECK-NOT:     tl.where
+// CHECK:         tl.return
+// CHECK:       tl.device_fn @gluon_score_masked(%s: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32)
+// CHECK:         tl.sigmoid
+// CHECK:         tl.where
+// CHECK:         tl.return
+// CHECK:       tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 2.500000e-01 sink "sink" range @gluon_kv_range score @gluon_score masked @gluon_score_masked natural
+// OFF-NOT:     tl.device_fn
+func.func @gemma(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>, %sink: tensor<4xf32>) -> tensor<?x4x?x128xbf16> {
+  %s = attn.qk %q, %k scale = 0.25 : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
+  %c = attn.softcap %s cap = 50.0 : !attn.scores<4>
+  %m = attn.mask %c sliding_window(1000) : !attn.scores<4>
+  %p = attn.softmax %m sink(%sink : tensor<4xf32>) : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xbf16> -> tensor<?x4x?x128xbf16>
+  func.return %o : tensor<?x4x?x128xbf16>
+}
+
+// -----
+
+// CHECK:       tl.device_fn @gluon_kv_range
+// Masks only: no function for unmasked blocks, the masked one sees raw scores (no `natural`);
+// the document ids are the score function's extra arguments.
+// CHECK:       tl.device_fn @gluon_score_masked(%s: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32, %ids: !tl.ptr<i32>, %{{.*}}: i32, %{{.*}}: i32)
+// CHECK-NOT:   tl.device_fn
+// CHECK:       tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 0.08838{{[0-9]+}} range @gluon_kv_range masked @gluon_score_masked args ["ids", "ids.stride(0)", "ids.stride(1)"]
+func.func @docs(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>, %ids: tensor<?x?xi32>) -> tensor<?x4x?x128xbf16> {
+  %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
+  %m = attn.mask %s causal : !attn.scores<4>
+  %d = attn.mask %m document(%ids : tensor<?x?xi32>) : !attn.scores<4>
+  %p = attn.softmax %d : !attn.scores<4> -> !attn.probs<4>
+  %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x4x?x128xbf16> -> tensor<?x4x?x128xbf16>
+  func.return %o : tensor<?x4x?x128xbf16>
+}

@@ -1,6 +1,6 @@
-// kernel-path: on sm 90 a causal (or unmasked) attention in bf16/fp16 with head dim 128 (64
-// on request: head-dims) takes the Gluon kernel (with the shortest length it runs); anything
-// else keeps the generic Triton kernel, and the attribute says why.
+// kernel-path: on sm 90 an attention in bf16/fp16 with head dim 128 (64 on request: head-dims)
+// takes the Gluon kernel (with the shortest length it runs), whatever its masks, score ops and
+// sink; anything else keeps the generic Triton kernel, and the attribute says why.
 
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096}' | filecheck %s
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 seq-len=4096}' | filecheck %s --check-prefix=SM80
@@ -42,7 +42,8 @@ func.func @full(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor
 
 // -----
 
-// CHECK:  attn.kernel_path = {path = "triton", reason = "a sliding_window mask (the Gluon kernel takes causal or none)"}
+// Score ops and sinks: the Gluon kernel takes them as generated functions (convert-attn-to-tl).
+// CHECK:  func.func @window({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %m = attn.mask %s sliding_window(1024) : !attn.scores<4>
@@ -53,7 +54,7 @@ func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: te
 
 // -----
 
-// CHECK:  attn.kernel_path = {path = "triton", reason = "'attn.softcap' on the scores"}
+// CHECK:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %c = attn.softcap %s cap = 50.0 : !attn.scores<4>
@@ -65,7 +66,7 @@ func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: t
 
 // -----
 
-// CHECK:  attn.kernel_path = {path = "triton", reason = "a softmax sink"}
+// CHECK:  func.func @sink({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 func.func @sink(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>, %sink: tensor<4xf32>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %m = attn.mask %s causal : !attn.scores<4>

@@ -1,18 +1,19 @@
 // Every bundled example lowers through the whole pipeline to a Triton kernel.
-// (sm 90 by default: Llama-3 and Qwen3, causal with RoPE / QK-norm, take the sm90 Gluon
-// kernel beside the generic one; the others' score ops keep them on the generic kernel.)
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GENERIC
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GENERIC
+// (sm 90 by default: the head-dim-128 examples take the sm90 Gluon kernel beside the generic
+// one, with their score ops as generated functions unless they are a causal mask; gpt-oss's
+// head dim 64 keeps it on the generic kernel.)
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON,LLAMA,QROT
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GLUON,HOOKS,HCAP,QROT
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,LLAMA,QROT
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GLUON,HOOKS,HALIBI
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GENERIC
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/packed_documents.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,DOC,GENERIC
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/packed_documents.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,DOC,GLUON,HOOKS,HDOC
 
 // GENERIC-NOT: gluon
 // GLUON:      def attn_fwd_sm90(
 // GLUON:      def _gluon_attention(
 // PRE:        def rotate_k(
-// GLUON:      def rotate_q(
+// QROT:       def rotate_q(
 // NORM:       tl.rsqrt(
 // ALL:        @triton.jit
 // ALL-NEXT:   def attn_fwd(
@@ -25,12 +26,25 @@
 // ALL:        tl.exp2(
 // SINK:       sink = tl.load(
 // ALL:        tl.store(
+// HOOKS:      def gluon_kv_range(q_lo, q_hi, NK):
+// HOOKS:        return
+// HCAP:       def gluon_score(s, q_idx, kv_idx, off_hz):
+// HCAP:         tl.sigmoid(
+// HCAP:       def gluon_score_masked(s, q_idx, kv_idx, off_hz):
+// HCAP:         in_window = (t >= 0) & (t < 4096)
+// HALIBI:     def gluon_score(s, q_idx, kv_idx, off_hz, slopes, stride_slopes):
+// HALIBI:     def gluon_score_masked(s, q_idx, kv_idx, off_hz, slopes, stride_slopes):
+// HDOC:       def gluon_score_masked(s, q_idx, kv_idx, off_hz, doc_ids, stride_doc_ids, stride_doc_ids_1):
+// HDOC:         same_doc = doc_q == doc_k
 // ALL:        def launch(
 // PRE:        _launch(rotate_k, (
-// GLUON:      if _gluon_fits(q, k, v, 4096):
-// GLUON-NEXT:     q_rot = torch.empty(
-// GLUON-NEXT:     _launch(rotate_q, (
-// GLUON:          _gluon_attention(q_rot, k_rot, v, out, lse, 0.08838834764831843, causal=True)
+// GLUON:      if _gluon_fits(q, k, v, {{[0-9]+}}):
+// LLAMA-NEXT:     q_rot = torch.empty(
+// LLAMA-NEXT:     _launch(rotate_q, (
+// LLAMA:          _gluon_attention(q_rot, k_rot, v, out, lse, 0.08838834764831843, causal=True)
+// HCAP:           _gluon_attention(q_rot, k_rot, v, out, lse, 0.0625, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), natural=True)
+// HALIBI:         _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), xargs=(slopes, slopes.stride(0),), natural=True)
+// HDOC:           _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, None, gluon_score_masked), xargs=(doc_ids, *doc_ids.stride()[:2],))
 // GLUON-NEXT: else:
 // ALL:        _launch(attn_fwd, (
 // ALL:        return out, lse
