@@ -57,12 +57,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from attnfuse.targets.triton.gluon_sm90 import _gl_softmax, _gl_tile, attn_fwd_sm90
 
+V4_HOOKS = dict(RANGE=None, SCORE_FULL=None, SCORE_MASKED=None, NATURAL=False)
+"""v4 is the compiler's kernel without the score functions of variants other than causal or none."""
+
 LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Shared pieces of the kernels
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The compiler kernel's tile (`_gl_tile`, no hooks) as v1-v3 walk it, from block 0 with no
+    peeled first block: blocks [0, n_full) unmasked, [n_full, n_total) on the causal diagonal."""
+    off_hz, pid_m, q_row0, kv_row0, j0, a, b, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, None)
+    if CAUSAL:
+        n_full = (pid_m * BLOCK_M) // BLOCK_N
+    else:
+        n_full = n_total
+    return off_hz, pid_m, q_row0, kv_row0, n_full, n_total
 
 
 @gluon.jit
@@ -153,7 +168,7 @@ def _serial_blocks(
         mbarrier.wait(k_bars.index(slot), phase)
         s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
+        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED, False)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p_op = gl.convert_layout(p.to(k_desc.dtype), p_layout)
         mbarrier.wait(v_bars.index(slot), phase)
@@ -177,7 +192,7 @@ def _serial_consumer(
     warps: gl.constexpr = [gl.num_warps(), 1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     q_pos = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
@@ -223,7 +238,7 @@ def attn_fwd_v1(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     descs = (q_desc, k_desc, v_desc, o_desc)
     bufs = _alloc(q_desc, k_desc, STAGES)
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     _issue_q(descs, bufs, q_row0)
     for j in gl.static_range(STAGES):
         _issue_kv(descs, bufs, kv_row0, j, j < n_total, STAGES)
@@ -243,7 +258,7 @@ def _producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr)
     q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     _issue_q(descs, bufs, q_row0)
     for j in range(n_total):
         mbarrier.wait(empty_bars.index(j % STAGES), ((j // STAGES) & 1) ^ 1)
@@ -306,7 +321,7 @@ def _overlap_blocks(
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED)
+        p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, j * BLOCK_N + cols, MASKED, False)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
         mbarrier.arrive(empty_bars.index(prev), count=1)
@@ -330,7 +345,7 @@ def _overlap_consumer(descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL: gl.const
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    off_hz, pid_m, q_row0, kv_row0, n_full, n_total = _tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     q_tile = q_smem
     q_pos = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -343,7 +358,7 @@ def _overlap_consumer(descs, bufs, lse_ptr, qk_scale, N, GROUP, CAUSAL: gl.const
     mbarrier.wait(k_bars.index(0), 0)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, cols, CAUSAL)
+    p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, qk_scale, q_pos, cols, CAUSAL, False)
     p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
 
     lo_masked = gl.maximum(n_full, 1)
@@ -458,9 +473,13 @@ def prepare(q, k, v, causal: bool, sm_scale: float, version: str = "v3"):
         Hq // Hkv,
     )
     grid = (B * Hq, N // ver.block_m)
+    hooks = {}
+    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink, both scales, its head count, no hooks
+        args = (*args[:5], None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
+        hooks = V4_HOOKS
 
     def launch():
-        ver.kernel[grid](*args, CAUSAL=causal, STAGES=ver.stages(D), num_warps=ver.num_warps)
+        ver.kernel[grid](*args, CAUSAL=causal, STAGES=ver.stages(D), num_warps=ver.num_warps, **hooks)
 
     return launch, out, lse
 
@@ -522,7 +541,14 @@ def compile_one(ver: Version, dtype_name: str, head_d: int, causal: bool):
         "CAUSAL": "constexpr",
         "STAGES": "constexpr",
     }
-    src = GluonASTSource(ver.kernel, sig, constexprs={(8,): causal, (9,): ver.stages(head_d)})
+    constexprs = {("CAUSAL",): causal, ("STAGES",): ver.stages(head_d)}
+    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink, both scales, its head count, no hooks
+        sig = dict(list(sig.items())[:5]) | {"sink_ptr": "constexpr", "qk_scale": "fp32", "mult": "fp32"}
+        sig |= {"N": "i32", "GROUP": "i32", "HEADS": "i32", "XARGS": (), "CAUSAL": "constexpr", "STAGES": "constexpr"}
+        sig |= {name: "constexpr" for name in V4_HOOKS}
+        constexprs |= {("sink_ptr",): None} | {(name,): value for name, value in V4_HOOKS.items()}
+    names = list(sig)
+    src = GluonASTSource(ver.kernel, sig, constexprs={(names.index(k[0]),): v for k, v in constexprs.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ver.num_warps})
 
 
