@@ -314,9 +314,12 @@ class Lowering:
         ctx: ScoreCtx,
         masked: bool,
         env: dict[SSAValue, SSAValue] | None = None,
+        fast_tanh: bool = False,
     ) -> SSAValue:
         """Apply the score chain to `s`; masks only where `masked` (partial blocks). `env`,
         if given, receives each score op's result (before masking) by its IR value.
+        `fast_tanh`: softcap by the GPU's approximate tanh (`tl.fast_tanh`, not interpretable),
+        else through `tl.sigmoid`.
 
         Masks are applied after the last score op, whatever their place in the chain: a
         masked score stays masked (a softcap or score_mod after the mask must not turn
@@ -328,9 +331,7 @@ class Lowering:
             if isinstance(op, attn.ScaleOp):
                 s = kb.mul(s, op.value.value.data)
             elif isinstance(op, attn.SoftcapOp):
-                cap = op.cap.value.data
-                t = kb.unary(tl.SigmoidOp, kb.mul(s, 2.0 / cap))
-                s = kb.mul(kb.sub(kb.mul(t, 2.0), 1.0), cap, hint="s_capped")
+                s = self.softcap(kb, s, op.cap.value.data, fast_tanh)
             elif isinstance(op, attn.BiasOp):
                 if op.kind.data == "alibi":
                     slopes = self.tensor(p, op.extras[0])
@@ -352,6 +353,14 @@ class Lowering:
         if keep is not None:
             s = kb.where(keep, s, NEG_INF, hint="s_masked")
         return s
+
+    @staticmethod
+    def softcap(kb: KernelBuilder, s: SSAValue, cap: float, fast_tanh: bool) -> SSAValue:
+        """cap·tanh(s / cap): by the approximate tanh instruction, or as cap·(2·sigmoid(2s/cap) - 1)."""
+        if fast_tanh:
+            return kb.mul(kb.unary(tl.FastTanhOp, kb.mul(s, 1.0 / cap)), cap, hint="s_capped")
+        t = kb.unary(tl.SigmoidOp, kb.mul(s, 2.0 / cap))
+        return kb.mul(kb.sub(kb.mul(t, 2.0), 1.0), cap, hint="s_capped")
 
     def predicate(self, kb: KernelBuilder, p: Params, op: attn.MaskOp, ctx: ScoreCtx) -> SSAValue:
         """Where the mask keeps a score (attn.MaskOp's named predicates, or its region)."""
@@ -432,7 +441,8 @@ class Lowering:
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")
         doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        out = self.score_ops(kb, p, s, ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q), masked)
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q)
+        out = self.score_ops(kb, p, s, ctx, masked, fast_tanh=True)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
         p.block.add_op(tl.ReturnOp(out))

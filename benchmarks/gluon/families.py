@@ -30,6 +30,27 @@ T = f"tensor<?x{HQ}x?x{D}xbf16>"
 TK = f"tensor<?x{HKV}x?x{D}xbf16>"
 ROPE = "attn.rope %{x} half theta = 500000.0 rotary_dim = 128 : {t}"
 
+# 4 tanh(x / 4) + h / 32: a score_mod with a transcendental op (a softcap written by hand).
+SCORE_MOD_TANH = """attn.score_mod {s} {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %c = arith.constant 0.25 : f32
+    %y = arith.mulf %x, %c : f32
+    %t = math.tanh %y : f32
+    %four = arith.constant 4.0 : f32
+    %z = arith.mulf %t, %four : f32
+    attn.yield %z : f32
+  }"""
+# x + (kv - q) / 1024: a cheap, position-dependent score_mod.
+SCORE_MOD_LINEAR = """attn.score_mod {s} {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %d = arith.subi %ki, %qi : i32
+    %df = arith.sitofp %d : i32 to f32
+    %c = arith.constant 0.0009765625 : f32
+    %y = arith.mulf %df, %c : f32
+    %z = arith.addf %x, %y : f32
+    attn.yield %z : f32
+  }"""
+
 # name -> (score ops, each `%out = op %in ...`; softmax suffix; extra arguments; q/k RoPE)
 FAMILIES: dict[str, tuple[list[str], str, list[str], bool]] = {
     "causal": (["attn.mask {s} causal"], "", [], False),
@@ -50,6 +71,8 @@ FAMILIES: dict[str, tuple[list[str], str, list[str], bool]] = {
         ["sk"],
         True,
     ),
+    "score_mod_tanh_causal": ([SCORE_MOD_TANH, "attn.mask {s} causal"], "", [], False),
+    "score_mod_linear_causal": ([SCORE_MOD_LINEAR, "attn.mask {s} causal"], "", [], False),
     "prefix_lm_1024": (["attn.mask {s} prefix_lm(1024)"], "", [], False),
     "document_causal": (["attn.mask {s} causal", "attn.mask {s} document(%ids : tensor<?x?xi32>)"], "", ["ids"], False),
 }
@@ -66,7 +89,7 @@ def variant_ir(name: str) -> str:
     lines.append(f"  %s0 = attn.qk {q}, {k} : {T}, {TK} -> !attn.scores<{HQ}>")
     s = "%s0"
     for i, op in enumerate(ops, 1):
-        lines.append(f"  %s{i} = {op.format(s=s)} : !attn.scores<{HQ}>")
+        lines.append(f"  %s{i} = {op.replace('{s}', s)} : !attn.scores<{HQ}>")
         s = f"%s{i}"
     lines.append(f"  %p = attn.softmax {s} {softmax} : !attn.scores<{HQ}> -> !attn.probs<{HQ}>")
     lines.append(f"  %o = attn.pv %p, %v : !attn.probs<{HQ}>, {TK} -> {T}")

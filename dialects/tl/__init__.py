@@ -32,6 +32,7 @@ from attnfuse.dialects.tl.compute import (
     Exp2Op,
     ExpandDimsOp,
     ExpOp,
+    FastTanhOp,
     FloorDivOp,
     FullOp,
     GatherOp,
@@ -90,7 +91,7 @@ from attnfuse.dialects.tl.types import (
     scalar_of,
 )
 
-UNARY_OPS = (NegOp, NotOp, Exp2Op, Log2Op, ExpOp, LogOp, SqrtOp, RsqrtOp, CosOp, SinOp, AbsOp, SigmoidOp)
+UNARY_OPS = (NegOp, NotOp, Exp2Op, Log2Op, ExpOp, LogOp, SqrtOp, RsqrtOp, CosOp, SinOp, AbsOp, SigmoidOp, FastTanhOp)
 BINARY_OPS = (AddOp, SubOp, MulOp, TrueDivOp, FloorDivOp, RemOp, AndOp, OrOp, XorOp, MaximumOp, MinimumOp, CdivOp)
 
 TL = Dialect(
@@ -153,6 +154,7 @@ __all__ = [
     "DotOp",
     "Exp2Op",
     "ExpOp",
+    "FastTanhOp",
     "ExpandDimsOp",
     "FloorDivOp",
     "ForOp",
