@@ -52,6 +52,7 @@ tl.kernel @all_ops(%x: !tl.ptr<f16>, %ids: !tl.ptr<i32>, %n: i32, %BLOCK: i32 co
   %sin = tl.sin %cos : !tl.tile<f32>
   %abs = tl.abs %sin : !tl.tile<f32>
   %sig = tl.sigmoid %abs : !tl.tile<f32>
+  %ftanh = tl.fast_tanh %sig : !tl.tile<f32>
   %neg = tl.neg %sig : !tl.tile<f32>
   %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
   %rmax = tl.reduce max %div axis 1 : !tl.tile<f32>
@@ -141,6 +142,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     %sin = tl.sin %cos : !tl.tile<f32>
 // CHECK-NEXT:     %abs = tl.abs %sin : !tl.tile<f32>
 // CHECK-NEXT:     %sig = tl.sigmoid %abs : !tl.tile<f32>
+// CHECK-NEXT:     %ftanh = tl.fast_tanh %sig : !tl.tile<f32>
 // CHECK-NEXT:     %neg = tl.neg %sig : !tl.tile<f32>
 // CHECK-NEXT:     %div = tl.truediv %neg, %half : !tl.tile<f32>, f32 -> !tl.tile<f32>
 // CHECK-NEXT:     %rmax = tl.reduce max %div axis 1 : !tl.tile<f32>

@@ -55,11 +55,11 @@ func.func @full(%q: tensor<?x4x?x64xf16>, %k: tensor<?x4x?x64xf16>, %v: tensor<?
 // CHECK:         tl.return %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : i32, i32, i32, i32
 // CHECK:       tl.device_fn @gluon_score(%s: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32)
 // CHECK-NOT:     tl.where
-// CHECK:         tl.sigmoid
+// CHECK:         tl.fast_tanh
 // CHECK-NOT:     tl.where
 // CHECK:         tl.return
 // CHECK:       tl.device_fn @gluon_score_masked(%s: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32)
-// CHECK:         tl.sigmoid
+// CHECK:         tl.fast_tanh
 // CHECK:         tl.where
 // CHECK:         tl.return
 // CHECK:       tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 2.500000e-01 sink "sink" range @gluon_kv_range score @gluon_score masked @gluon_score_masked natural

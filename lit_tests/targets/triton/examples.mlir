@@ -29,7 +29,7 @@
 // HOOKS:      def gluon_kv_range(q_lo, q_hi, NK):
 // HOOKS:        return
 // HCAP:       def gluon_score(s, q_idx, kv_idx, off_hz):
-// HCAP:         tl.sigmoid(
+// HCAP:         s_capped = _fast_tanh(
 // HCAP:       def gluon_score_masked(s, q_idx, kv_idx, off_hz):
 // HCAP:         in_window = (t >= 0) & (t < 4096)
 // HALIBI:     def gluon_score(s, q_idx, kv_idx, off_hz, slopes, stride_slopes):
