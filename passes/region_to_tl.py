@@ -37,6 +37,9 @@ class RegionEnv:
     valid: SSAValue | None
     """The (query, key) pairs in range: the mask of a load indexed by a tile (None: all are,
     as in the sm90 Gluon kernel's score functions)."""
+    fast_tanh: bool = False
+    """tanh by the GPU's approximate instruction (`tl.fast_tanh`; the sm90 Gluon kernel's score
+    functions, which the interpreter never runs)."""
 
 
 RegionLowering = Callable[[KernelBuilder, Operation, list[SSAValue], RegionEnv], SSAValue]
@@ -208,7 +211,9 @@ def _to_i32(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv)
 
 
 def _tanh(kb: KernelBuilder, op: Operation, o: list[SSAValue], env: RegionEnv) -> SSAValue:
-    """tanh(x) = 2 sigmoid(2x) - 1."""
+    """tanh(x) = 2 sigmoid(2x) - 1, or the approximate instruction."""
+    if env.fast_tanh:
+        return kb.unary(tl.FastTanhOp, o[0])
     two_x = kb.mul(o[0], 2.0)
     return kb.sub(kb.mul(kb.unary(tl.SigmoidOp, two_x), 2.0), 1.0)
 

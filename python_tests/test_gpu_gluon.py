@@ -1,11 +1,14 @@
 """The sm90 Gluon kernel path (kernel-path `gluon-sm90`) on a Hopper GPU, against the
 reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
 
-For each variant the Gluon kernel takes (plain causal, no mask, RoPE + causal with GQA,
-Qwen3's QK-norm + RoPE, head dims 64 (on request: gluon_head_dims) and 128), the generated
-module (min-len 2048 for every variant: gluon_min_len_transformed) runs it at N = 2048 and
-the test checks both that the Gluon kernel ran (a counting wrapper around the module's
-`_gluon_attention`) and the output and log-sum-exp. Calls it does not cover go to the
+For each variant family (plain causal, no mask, RoPE + causal with GQA, Qwen3's QK-norm + RoPE,
+head dims 64 (on request: gluon_head_dims) and 128; through the generated score functions:
+Gemma 2's RoPE + softcap + window, windows, prefix-LM, softcap without a mask, ALiBi, sinks with
+and without a window, packed documents, a score_mod and a custom mask with an extra tensor whose
+first row keeps no key), the generated module (min-len 2048 for every variant:
+gluon_min_len_transformed) runs it at N = 2048 and the test checks both that the Gluon kernel
+ran (a counting wrapper around the module's `_gluon_attention`) and the output and
+log-sum-exp. Calls it does not cover go to the
 generic kernel of the same module: a length that is not a multiple of 128, Nq != Nk, a
 misaligned view; non-contiguous q / v (the Hugging Face layout) take the Gluon kernel after
 a copy. Through the runtime: `attnfuse.variants.llama3` at N = 4096 and its gradients (the

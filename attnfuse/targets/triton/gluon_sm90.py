@@ -5,10 +5,14 @@ Generated modules whose launcher holds a `tl.gluon_attention` op carry this file
 its first `triton.experimental` import on (`printer.gluon_source`), as they carry the
 prelude; here it is an ordinary module, linted and compiled for sm90 by the tests.
 
-What it computes: out = softmax(q·kᵀ·scale [causal]) v and lse (natural log, fp32), for
+What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
 q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64 or
 128, N a multiple of 128 and Nq = Nk. Q and K arrive with their transforms (RoPE, QK-norm)
-already applied: the launcher runs the pre-rotation kernels first.
+already applied: the launcher runs the pre-rotation kernels first. The score ops are a causal
+mask or none, applied here, or the variant's own, as `@triton.jit` functions the compiler
+generates (`RANGE`: the KV blocks a Q tile visits; `SCORE_FULL` / `SCORE_MASKED`: the scores
+of unmasked and masked blocks), called with their extra arguments `XARGS`. A per-head sink
+logit joins the softmax's denominator in the epilogue.
 
 How (FlashAttention-3's structure in Triton 3.6's Gluon, measured on the H200 in
 benchmarks/gluon/, "v4"): one CTA per 128-row Q tile, heaviest causal tiles launched first.
