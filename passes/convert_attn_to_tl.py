@@ -43,7 +43,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
-from attnfuse.passes.kernel_path import GLUON, GLUON_BLOCK, kernel_path
+from attnfuse.passes.kernel_path import GLUON, GLUON_BLOCK, gluon_rotates_q, kernel_path
 from attnfuse.passes.kv_segments import kv_bounds, kv_segments
 from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
@@ -107,12 +107,14 @@ class GluonFunctions:
 @dataclass
 class GluonLaunch:
     """The sm90 Gluon kernel's share of a launcher: its pre-rotation kernel for Q (None when
-    Q has no transforms), the shortest sequence it runs and the variant's score functions
-    (None when the kernel's own causal-or-no mask is the variant's)."""
+    Q has no transforms or the kernel rotates Q itself), the shortest sequence it runs, the
+    variant's score functions (None when the kernel's own causal-or-no mask is the variant's)
+    and the cos/sin tables of the RoPE it applies to Q (host names; None: none)."""
 
     rotate_q: KernelCall | None
     min_len: int
     functions: GluonFunctions | None
+    q_rope: tuple[str, str] | None = None
 
 
 @dataclass
@@ -409,6 +411,16 @@ class Lowering:
         if natural:
             full = self.gluon_score_fn("gluon_score", False, params)[0] if masks else masked
         return GluonFunctions(self.gluon_range_fn(), full, masked, natural, params.host[4:])
+
+    def gluon_q_rope(self) -> tuple[str, str] | None:
+        """The launcher's cos and sin tables of Q's RoPE when the Gluon kernel applies it itself
+        (`kernel_path.gluon_rotates_q`), else None."""
+        if not gluon_rotates_q(self.chains):
+            return None
+        rope = self.chains.q_chain[0]
+        assert isinstance(rope, attn.RopeOp)
+        cos, sin = self.qk.rope_tables(Params(), rope)
+        return cos.name_hint or "", sin.name_hint or ""
 
     def gluon_range_fn(self) -> tl.DeviceFnOp:
         """`gluon_kv_range(q_lo, q_hi, NK)`: the keys some query of positions [q_lo, q_hi]
@@ -825,12 +837,14 @@ class Lowering:
         scale = chains.qk.effective_scale
         if fns is None:
             causal = any(m.kind.data == "causal" for m in chains.masks)
-            then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, causal, sink))
+            then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, causal, sink, rope=gluon.q_rope))
         else:
             full = fns.score_full.sym_name.data if fns.score_full is not None else None
             hooks = (fns.range_fn.sym_name.data, full, fns.score_masked.sym_name.data)
             then.append(
-                tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, False, sink, hooks, fns.natural, fns.args)
+                tl.GluonAttentionOp(
+                    q_in, k_in, v, "out", "lse", scale, False, sink, hooks, fns.natural, fns.args, gluon.q_rope
+                )
             )
         return tl.HostIfOp(f"_gluon_fits({q}, {k}, {v}, {gluon.min_len})", then, [generic])
 
@@ -890,8 +904,9 @@ class ConvertAttnToTlPass(ModulePass):
                 path, min_len = kernel_path(f)
                 gluon = None
                 if path == GLUON:
-                    rotate_q = lowering.rotate_kernel("q") if chains.q_chain else None
-                    gluon = GluonLaunch(rotate_q, min_len, lowering.gluon_functions())
+                    q_rope = lowering.gluon_q_rope()
+                    rotate_q = lowering.rotate_kernel("q") if chains.q_chain and q_rope is None else None
+                    gluon = GluonLaunch(rotate_q, min_len, lowering.gluon_functions(), q_rope)
                     functions = gluon.functions.ops if gluon.functions is not None else []
                 launcher = lowering.launcher(calls, gluon)
                 if gluon is not None and gluon.rotate_q is not None:

@@ -33,6 +33,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
+from attnfuse.dialects import attn
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 
 GLUON = "gluon-sm90"
@@ -65,6 +66,17 @@ def gluon_refusal(
     return None
 
 
+def gluon_rotates_q(v: AttentionChains) -> bool:
+    """Whether the Gluon kernel applies Q's transforms itself: a lone RoPE of the `half` style
+    over every channel, from the launcher's cos/sin tables (no explicit positions or inv_freq).
+    Other Q transforms run in a pre-rotation kernel before it."""
+    if len(v.q_chain) != 1 or not isinstance(rope := v.q_chain[0], attn.RopeOp):
+        return False
+    d = v.q_type.get_shape()[3]
+    plain = rope.positions is None and rope.inv_freq is None
+    return plain and rope.style.data.value == "half" and rope.rotary_dim.value.data == d
+
+
 def kernel_path(f: object) -> tuple[str, int]:
     """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
     attrs = getattr(f, "attributes", {})
@@ -95,9 +107,10 @@ class KernelPathPass(ModulePass):
     """Shortest sequence the Gluon kernel runs for a variant without Q transforms (shorter
     calls are launch-bound: the generic kernel's direct launch costs less host time)."""
     min_len_transformed: int = 4096
-    """The same for a variant with Q transforms (RoPE, QK-norm), whose Gluon launch adds Q's
-    pre-rotation kernel: at N = 2048 such calls were host-bound on the H200's host, 0.69-0.77x
-    the generic kernel in one of three runs (1.17-1.20x in the other two)."""
+    """The same for a variant whose Q transforms need a pre-rotation kernel before the Gluon
+    kernel (anything but a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
+    such calls were host-bound on the H200's host, 0.69-0.77x the generic kernel in one of three
+    runs (1.17-1.20x in the other two)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
@@ -109,7 +122,7 @@ class KernelPathPass(ModulePass):
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
             v = analyse(f)
-            min_len = self.min_len_transformed if v.q_chain else self.min_len
+            min_len = self.min_len_transformed if v.q_chain and not gluon_rotates_q(v) else self.min_len
             reason = (
                 gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims))
                 if self.gluon

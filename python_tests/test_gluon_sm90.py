@@ -78,6 +78,8 @@ def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool,
 
 # Score ops the generic kernel's lowering also gives the Gluon kernel, as generated functions.
 _FAMILIES = {
+    "rope-causal": ["attn.mask {s} causal"],  # Q's RoPE in the kernel, from the tables
+    "rope-softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "prefix-lm": ["attn.mask {s} prefix_lm(700)"],
     "softcap-no-mask": ["attn.softcap {s} cap = 2.0"],
@@ -90,7 +92,7 @@ _FAMILIES = {
 @pytest.mark.parametrize("sink", [False, True], ids=["", "sink"])
 def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_path) -> None:
     """A generated module's Gluon launch (its `gluon_kv_range` and score functions, their
-    extra arguments, a sink) as the launcher makes it, compiled for sm 90."""
+    extra arguments, a sink, Q's RoPE tables) as the launcher makes it, compiled for sm 90."""
     from kernel_harness import variant
 
     from attnfuse.cache import load_source
@@ -101,19 +103,26 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     if sink:
         extras.append("%sk: tensor<8xf32>")
         softmax = "sink(%sk : tensor<8xf32>)"
-    ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, score_ops=ops, softmax=softmax, extras=extras)
+    rope = ["attn.rope {x} half theta = 10000.0 rotary_dim = 128"] if family.startswith("rope") else []
+    ir = variant(
+        dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=rope, k_ops=rope, score_ops=ops, softmax=softmax, extras=extras
+    )
     source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
-    assert "gluon_kv_range" in source and "hooks=(gluon_kv_range, " in source
-    module = load_source(source, tmp_path, interpret=False)  # no Triton kernel runs: no Q or K transform
+    assert ("hooks=(gluon_kv_range, " in source) is (family != "rope-causal")
+    assert "rotate_q" not in source and ("rope=(rope_0_cos, rope_0_sin)" in source) is bool(rope)
+    module = load_source(source, tmp_path, interpret=False)
     real, capture = module.attn_fwd_sm90, _Capture()
     module.attn_fwd_sm90 = capture
     module._gluon_fits = lambda *args: True
+    module._launch = lambda *args: None  # K's pre-rotation (a Triton kernel: no GPU here)
     q, k, v = (torch.zeros(2, h, 256, 128, dtype=torch.bfloat16) for h in (8, 2, 2))
     args = {"%sl": torch.ones(8), "%ids": torch.zeros(2, 256, dtype=torch.int32), "%sk": torch.zeros(8)}
     module.launch(q, k, v, *(args[e.split(":")[0]] for e in extras))
     ((launch_args, kwargs),) = capture.calls
-    assert kwargs["RANGE"] is module.gluon_kv_range and kwargs["SCORE_MASKED"] is not None
+    if family != "rope-causal":
+        assert kwargs["RANGE"] is module.gluon_kv_range and kwargs["SCORE_MASKED"] is not None
     assert (launch_args[5] is not None) is sink  # sink_ptr
+    assert (launch_args[6] is not None) is bool(rope)  # cos_ptr
     _check_sm90_binary(_compile_for_sm90(real, launch_args, kwargs))
 
 
@@ -163,10 +172,15 @@ def test_generated_modules_carry_the_library() -> None:
 
 def _stand_in(calls: list):
     """A float64 `_gluon_attention` (same contract) for the CPU: what the launcher hands the Gluon
-    kernel (Q and K transformed, the score scale) is then checked end to end by the reference."""
+    kernel (Q and K transformed or Q's RoPE tables, the score scale) is then checked end to end
+    by the reference."""
 
-    def attention(q, k, v, out, lse, qk_scale, causal):
+    def attention(q, k, v, out, lse, qk_scale, causal, rope=None):
         calls.append(qk_scale)
+        if rope is not None:  # as _gl_rope_q: row i at position i, channel c paired with c + D/2
+            cos, sin = (t[: q.shape[2]].double() for t in rope)
+            x1, x2 = q.double().chunk(2, dim=-1)
+            q = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(q.dtype)
         group = q.shape[1] // k.shape[1]
         kk, vv = (x.double().repeat_interleave(group, dim=1) for x in (k, v))
         s = q.double() @ kk.transpose(-1, -2) * qk_scale
@@ -211,7 +225,9 @@ def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, 
     source = compile_module(
         parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(64,), gluon_min_len_transformed=2048
     ).source
-    assert ("rotate_q" in source) is (transforms != "none")
+    # A plain RoPE is the Gluon kernel's own (from the tables); other Q transforms run in rotate_q.
+    assert ("rotate_q" in source) is (transforms == "qknorm_rope_positions")
+    assert ("rope=(rope_0_cos, rope_0_sin)" in source) is (transforms == "rope")
     module = load_source(source, tmp_path, interpret=True)
     calls: list[float] = []
     module._gluon_attention = _stand_in(calls)

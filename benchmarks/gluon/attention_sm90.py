@@ -474,8 +474,8 @@ def prepare(q, k, v, causal: bool, sm_scale: float, version: str = "v3"):
     )
     grid = (B * Hq, N // ver.block_m)
     hooks = {}
-    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink, both scales, its head count, no hooks
-        args = (*args[:5], None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
+    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
+        args = (*args[:5], None, None, None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
         hooks = V4_HOOKS
 
     def launch():
@@ -542,11 +542,13 @@ def compile_one(ver: Version, dtype_name: str, head_d: int, causal: bool):
         "STAGES": "constexpr",
     }
     constexprs = {("CAUSAL",): causal, ("STAGES",): ver.stages(head_d)}
-    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink, both scales, its head count, no hooks
-        sig = dict(list(sig.items())[:5]) | {"sink_ptr": "constexpr", "qk_scale": "fp32", "mult": "fp32"}
+    if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
+        sig = dict(list(sig.items())[:5]) | {"sink_ptr": "constexpr", "cos_ptr": "constexpr", "sin_ptr": "constexpr"}
+        sig |= {"qk_scale": "fp32", "mult": "fp32"}
         sig |= {"N": "i32", "GROUP": "i32", "HEADS": "i32", "XARGS": (), "CAUSAL": "constexpr", "STAGES": "constexpr"}
         sig |= {name: "constexpr" for name in V4_HOOKS}
-        constexprs |= {("sink_ptr",): None} | {(name,): value for name, value in V4_HOOKS.items()}
+        constexprs |= {(name,): None for name in ("sink_ptr", "cos_ptr", "sin_ptr")}
+        constexprs |= {(name,): value for name, value in V4_HOOKS.items()}
     names = list(sig)
     src = GluonASTSource(ver.kernel, sig, constexprs={(names.index(k[0]),): v for k, v in constexprs.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ver.num_warps})

@@ -235,8 +235,9 @@ class GluonAttentionOp(_HostOp):
     The score ops are `causal` or none, or the variant's own as `tl.device_fn`s: `range`
     (the KV blocks a Q tile visits), `score` (unmasked blocks; absent when the ops are masks
     only) and `masked` (masked blocks), which read the host expressions `args`; `natural`:
-    they read the scaled scores (else only masks, on the raw scores). Operands are host
-    expressions."""
+    they read the scaled scores (else only masks, on the raw scores). `rope`: the cos and sin
+    tables of a RoPE the kernel applies to q itself (else q holds its transforms). Operands are
+    host expressions."""
 
     name = "tl.gluon_attention"
     q = prop_def(StringAttr)
@@ -252,10 +253,11 @@ class GluonAttentionOp(_HostOp):
     score_masked = opt_prop_def(FlatSymbolRefAttr)
     natural = opt_prop_def(UnitAttr)
     args = opt_prop_def(ArrayAttr[StringAttr])
+    rope = opt_prop_def(ArrayAttr[StringAttr])
     assembly_format = (
         "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? (`sink` $sink^)?"
         " (`range` $range_fn^)? (`score` $score_full^)? (`masked` $score_masked^)? (`natural` $natural^)?"
-        " (`args` $args^)? attr-dict"
+        " (`args` $args^)? (`rope` $rope^)? attr-dict"
     )
 
     def __init__(
@@ -271,6 +273,7 @@ class GluonAttentionOp(_HostOp):
         hooks: tuple[str, str | None, str] | None = None,
         natural: bool = False,
         args: Sequence[str] = (),
+        rope: tuple[str, str] | None = None,
     ):
         props: dict[str, Attribute] = {
             "q": StringAttr(q),
@@ -294,6 +297,8 @@ class GluonAttentionOp(_HostOp):
             props["natural"] = UnitAttr()
         if args:
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
+        if rope is not None:
+            props["rope"] = ArrayAttr(StringAttr(t) for t in rope)
         super().__init__(properties=props)
 
     def verify_(self) -> None:
@@ -304,3 +309,5 @@ class GluonAttentionOp(_HostOp):
             raise VerifyException("tl.gluon_attention with score functions takes no `causal`: its mask is theirs")
         if not hooked and (self.natural is not None or self.args is not None):
             raise VerifyException("tl.gluon_attention `natural` and `args` need score functions")
+        if self.rope is not None and len(self.rope.data) != 2:
+            raise VerifyException("tl.gluon_attention `rope` names two tables, cos and sin")

@@ -357,6 +357,8 @@ def _gluon_args(h: tl.GluonAttentionOp) -> str:
         args.append(f"xargs=({', '.join(xargs)},)")
     if h.natural is not None:
         args.append("natural=True")
+    if h.rope is not None:
+        args.append(f"rope=({', '.join(t.data for t in h.rope)})")
     return ", ".join(args)
 
 

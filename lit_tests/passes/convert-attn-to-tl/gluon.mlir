@@ -4,17 +4,15 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 gluon-head-dims=64,128}' | filecheck %s
 // RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 gluon=false}' | filecheck %s --check-prefix=OFF
 
-// RoPE on q and k: K pre-rotated for both kernels, Q rotated on the Gluon branch only (the
-// generic kernel rotates it in its prologue).
+// RoPE on q and k: K pre-rotated for both kernels; Q's plain RoPE is the Gluon kernel's own
+// (from the launcher's cos/sin tables), and the generic kernel's prologue.
 // CHECK:       tl.kernel @rotate_k(
-// CHECK:       tl.kernel @rotate_q(
+// CHECK-NOT:   tl.kernel @rotate_q(
 // CHECK:       tl.kernel @attn_fwd(
 // CHECK:       tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK:         tl.call "rotate_k"
-// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 4096)" {
-// CHECK-NEXT:      tl.alloc "q_rot" shape ["q.shape[0]", "8", "q.shape[2]", "128"] dtype "torch.bfloat16" device "q.device"
-// CHECK-NEXT:      tl.call "rotate_q"
-// CHECK-NEXT:      tl.gluon_attention "q_rot", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal
+// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK-NEXT:      tl.gluon_attention "q", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal rope ["rope_0_cos", "rope_0_sin"]
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:      tl.call "attn_fwd"
 // CHECK-NEXT:    }
@@ -24,6 +22,26 @@
 func.func @rope(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
   %kr = attn.rope %k half theta = 10000.0 rotary_dim = 128 : tensor<?x2x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// A partial RoPE (half the channels) is not the Gluon kernel's: Q is rotated by rotate_q first.
+// CHECK:       tl.kernel @rotate_q(
+// CHECK:       tl.host_if "_gluon_fits(q, k, v, 4096)" {
+// CHECK-NEXT:    tl.alloc "q_rot" shape ["q.shape[0]", "8", "q.shape[2]", "128"] dtype "torch.bfloat16" device "q.device"
+// CHECK-NEXT:    tl.call "rotate_q"
+// CHECK-NEXT:    tl.gluon_attention "q_rot", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal
+// CHECK-NOT:     rope
+// CHECK-NEXT:  } else {
+func.func @partial(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q half theta = 10000.0 rotary_dim = 64 : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k half theta = 10000.0 rotary_dim = 64 : tensor<?x2x?x128xbf16>
   %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
   %m = attn.mask %s causal : !attn.scores<8>
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>

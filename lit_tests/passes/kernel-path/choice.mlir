@@ -10,13 +10,13 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
 
-// Llama-3: RoPE (pre-rotated for the Gluon kernel), causal, GQA. With Q transforms the
-// shortest length is min-len-transformed (4096), without them min-len (2048).
-// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 4096 : i64}}
+// Llama-3: RoPE (Q's in the Gluon kernel, K's pre-rotated), causal, GQA. Its plain RoPE adds
+// no launch, so the shortest length is min-len (2048), as without Q transforms.
+// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 // SM80:   attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}
 // INTERP: attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}
-// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 4096"}
-// MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}
+// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 2048"}
+// MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}
 // OFF:    attn.kernel_path = {path = "triton", reason = "disabled (gluon=false)"}
 func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 : tensor<?x32x?x128xbf16>
@@ -26,6 +26,25 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
   %p = attn.softmax %m : !attn.scores<32> -> !attn.probs<32>
   %o = attn.pv %p, %v : !attn.probs<32>, tensor<?x8x?x128xbf16> -> tensor<?x32x?x128xbf16>
   func.return %o : tensor<?x32x?x128xbf16>
+}
+
+// -----
+
+// QK-norm then RoPE (Qwen3): Q's transforms run in a pre-rotation kernel before the Gluon
+// kernel, so the shortest length is min-len-transformed (4096).
+// CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 4096 : i64}}
+// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 4096"}
+// MINLEN: func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
+func.func @qknorm(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>, %wq: tensor<128xf32>, %wk: tensor<128xf32>) -> tensor<?x8x?x128xbf16> {
+  %qn = attn.norm %q eps = 1.0e-06 weight(%wq : tensor<128xf32>) : tensor<?x8x?x128xbf16>
+  %qr = attn.rope %qn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %kn = attn.norm %k eps = 1.0e-06 weight(%wk : tensor<128xf32>) : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %kn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x8x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
 }
 
 // -----

@@ -72,5 +72,4 @@
 // The sm90 launch parameters come from the tuning table.
 // SM90:        LAUNCH_PARAMS = {
 // SM90-NEXT:       'rotate_k': {{{.*}}},
-// SM90-NEXT:       'rotate_q': {{{.*}}},
 // SM90-NEXT:       'attn_fwd': {'grid': ['q.shape[0] * 32', '_cdiv(q.shape[2], {{[0-9]+}})'], 'num_warps': {{[0-9]+}}, 'num_stages': {{[0-9]+}}, 'constexprs': {'BLOCK_M': '{{[0-9]+}}', 'BLOCK_N': '{{[0-9]+}}'}},
