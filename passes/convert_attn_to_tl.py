@@ -109,12 +109,14 @@ class GluonLaunch:
     """The sm90 Gluon kernel's share of a launcher: its pre-rotation kernel for Q (None when
     Q has no transforms or the kernel rotates Q itself), the shortest sequence it runs, the
     variant's score functions (None when the kernel's own causal-or-no mask is the variant's)
-    and the cos/sin tables of the RoPE it applies to Q (host names; None: none)."""
+    and the cos/sin tables of the RoPE it applies to Q (host names; None: none), after q_norm."""
 
     rotate_q: KernelCall | None
     min_len: int
     functions: GluonFunctions | None
     q_rope: tuple[str, str] | None = None
+    q_norm: tuple[str | None, float] | None = None
+    """Q's RMSNorm the Gluon kernel applies (its weight's host name or None, eps); None: none."""
 
 
 @dataclass
@@ -412,15 +414,21 @@ class Lowering:
             full = self.gluon_score_fn("gluon_score", False, params)[0] if masks else masked
         return GluonFunctions(self.gluon_range_fn(), full, masked, natural, params.host[4:])
 
-    def gluon_q_rope(self) -> tuple[str, str] | None:
-        """The launcher's cos and sin tables of Q's RoPE when the Gluon kernel applies it itself
-        (`kernel_path.gluon_rotates_q`), else None."""
+    def gluon_q_transforms(self) -> tuple[tuple[str, str] | None, tuple[str | None, float] | None] | None:
+        """Q's transforms as the Gluon kernel applies them itself (`kernel_path.gluon_rotates_q`):
+        the launcher's cos and sin tables of its RoPE and its RMSNorm's (weight, eps), each None
+        when absent; None when the kernel cannot (Q then goes through rotate_q)."""
         if not gluon_rotates_q(self.chains):
             return None
-        rope = self.chains.q_chain[0]
-        assert isinstance(rope, attn.RopeOp)
-        cos, sin = self.qk.rope_tables(Params(), rope)
-        return cos.name_hint or "", sin.name_hint or ""
+        rope, norm = None, None
+        for op in self.chains.q_chain:
+            if isinstance(op, attn.RopeOp):
+                cos, sin = self.qk.rope_tables(Params(), op)
+                rope = (cos.name_hint or "", sin.name_hint or "")
+            elif isinstance(op, attn.NormOp):
+                weight = self.host_name(op.weight) if op.weight is not None else None
+                norm = (weight, op.eps.value.data)
+        return rope, norm
 
     def gluon_range_fn(self) -> tl.DeviceFnOp:
         """`gluon_kv_range(q_lo, q_hi, NK)`: the keys some query of positions [q_lo, q_hi]
@@ -837,13 +845,29 @@ class Lowering:
         scale = chains.qk.effective_scale
         if fns is None:
             causal = any(m.kind.data == "causal" for m in chains.masks)
-            then.append(tl.GluonAttentionOp(q_in, k_in, v, "out", "lse", scale, causal, sink, rope=gluon.q_rope))
+            then.append(
+                tl.GluonAttentionOp(
+                    q_in, k_in, v, "out", "lse", scale, causal, sink, rope=gluon.q_rope, q_norm=gluon.q_norm
+                )
+            )
         else:
             full = fns.score_full.sym_name.data if fns.score_full is not None else None
             hooks = (fns.range_fn.sym_name.data, full, fns.score_masked.sym_name.data)
             then.append(
                 tl.GluonAttentionOp(
-                    q_in, k_in, v, "out", "lse", scale, False, sink, hooks, fns.natural, fns.args, gluon.q_rope
+                    q_in,
+                    k_in,
+                    v,
+                    "out",
+                    "lse",
+                    scale,
+                    False,
+                    sink,
+                    hooks,
+                    fns.natural,
+                    fns.args,
+                    gluon.q_rope,
+                    gluon.q_norm,
                 )
             )
         return tl.HostIfOp(f"_gluon_fits({q}, {k}, {v}, {gluon.min_len})", then, [generic])
@@ -904,9 +928,10 @@ class ConvertAttnToTlPass(ModulePass):
                 path, min_len = kernel_path(f)
                 gluon = None
                 if path == GLUON:
-                    q_rope = lowering.gluon_q_rope()
-                    rotate_q = lowering.rotate_kernel("q") if chains.q_chain and q_rope is None else None
-                    gluon = GluonLaunch(rotate_q, min_len, lowering.gluon_functions(), q_rope)
+                    q_own = lowering.gluon_q_transforms()
+                    rotate_q = lowering.rotate_kernel("q") if chains.q_chain and q_own is None else None
+                    q_rope, q_norm = q_own if q_own is not None else (None, None)
+                    gluon = GluonLaunch(rotate_q, min_len, lowering.gluon_functions(), q_rope, q_norm)
                     functions = gluon.functions.ops if gluon.functions is not None else []
                 launcher = lowering.launcher(calls, gluon)
                 if gluon is not None and gluon.rotate_q is not None:

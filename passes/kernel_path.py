@@ -67,10 +67,16 @@ def gluon_refusal(
 
 
 def gluon_rotates_q(v: AttentionChains) -> bool:
-    """Whether the Gluon kernel applies Q's transforms itself: a lone RoPE of the `half` style
-    over every channel, from the launcher's cos/sin tables (no explicit positions or inv_freq).
-    Other Q transforms run in a pre-rotation kernel before it."""
-    if len(v.q_chain) != 1 or not isinstance(rope := v.q_chain[0], attn.RopeOp):
+    """Whether the Gluon kernel applies Q's transforms itself: an RMSNorm (QK-norm), a RoPE of
+    the `half` style over every channel from the launcher's cos/sin tables (no explicit
+    positions or inv_freq), or the norm then the RoPE. Other Q transforms run in a pre-rotation
+    kernel before it."""
+    chain = list(v.q_chain)
+    if chain and isinstance(chain[0], attn.NormOp):
+        chain = chain[1:]
+    if not chain:
+        return bool(v.q_chain)
+    if len(chain) != 1 or not isinstance(rope := chain[0], attn.RopeOp):
         return False
     d = v.q_type.get_shape()[3]
     plain = rope.positions is None and rope.inv_freq is None
@@ -108,7 +114,7 @@ class KernelPathPass(ModulePass):
     calls are launch-bound: the generic kernel's direct launch costs less host time)."""
     min_len_transformed: int = 4096
     """The same for a variant whose Q transforms need a pre-rotation kernel before the Gluon
-    kernel (anything but a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
+    kernel (all but QK-norm and a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
     such calls were host-bound on the H200's host, 0.69-0.77x the generic kernel in one of three
     runs (1.17-1.20x in the other two)."""
 

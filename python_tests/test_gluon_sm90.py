@@ -79,6 +79,7 @@ def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool,
 # Score ops the generic kernel's lowering also gives the Gluon kernel, as generated functions.
 _FAMILIES = {
     "rope-causal": ["attn.mask {s} causal"],  # Q's RoPE in the kernel, from the tables
+    "rope-qknorm-causal": ["attn.mask {s} causal"],  # and Q's RMSNorm before it
     "rope-softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "prefix-lm": ["attn.mask {s} prefix_lm(700)"],
@@ -104,12 +105,16 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
         extras.append("%sk: tensor<8xf32>")
         softmax = "sink(%sk : tensor<8xf32>)"
     rope = ["attn.rope {x} half theta = 10000.0 rotary_dim = 128"] if family.startswith("rope") else []
+    if "qknorm" in family:
+        rope = ["attn.norm {x} eps = 1.0e-06", *rope]
     ir = variant(
         dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=rope, k_ops=rope, score_ops=ops, softmax=softmax, extras=extras
     )
     source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
-    assert ("hooks=(gluon_kv_range, " in source) is (family != "rope-causal")
+    plain = family in ("rope-causal", "rope-qknorm-causal")  # a causal mask: no score functions
+    assert ("hooks=(gluon_kv_range, " in source) is not plain
     assert "rotate_q" not in source and ("rope=(rope_0_cos, rope_0_sin)" in source) is bool(rope)
+    assert ("q_norm=(None, 1e-06)" in source) is ("qknorm" in family)
     module = load_source(source, tmp_path, interpret=False)
     real, capture = module.attn_fwd_sm90, _Capture()
     module.attn_fwd_sm90 = capture
@@ -119,10 +124,11 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     args = {"%sl": torch.ones(8), "%ids": torch.zeros(2, 256, dtype=torch.int32), "%sk": torch.zeros(8)}
     module.launch(q, k, v, *(args[e.split(":")[0]] for e in extras))
     ((launch_args, kwargs),) = capture.calls
-    if family != "rope-causal":
+    if not plain:
         assert kwargs["RANGE"] is module.gluon_kv_range and kwargs["SCORE_MASKED"] is not None
     assert (launch_args[5] is not None) is sink  # sink_ptr
     assert (launch_args[6] is not None) is bool(rope)  # cos_ptr
+    assert (launch_args[9] is not None) is ("qknorm" in family)  # qn_eps
     _check_sm90_binary(_compile_for_sm90(real, launch_args, kwargs))
 
 
@@ -175,12 +181,18 @@ def _stand_in(calls: list):
     kernel (Q and K transformed or Q's RoPE tables, the score scale) is then checked end to end
     by the reference."""
 
-    def attention(q, k, v, out, lse, qk_scale, causal, rope=None):
+    def attention(q, k, v, out, lse, qk_scale, causal, rope=None, q_norm=None):
         calls.append(qk_scale)
-        if rope is not None:  # as _gl_rope_q: row i at position i, channel c paired with c + D/2
+        x = q.double()
+        if q_norm is not None:  # as _gl_q_prologue: RMSNorm over the head dim, then the weight
+            weight, eps = q_norm
+            x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+            x = x * weight.double() if weight is not None else x
+        if rope is not None:  # row i at position i, channel c paired with c + D/2
             cos, sin = (t[: q.shape[2]].double() for t in rope)
-            x1, x2 = q.double().chunk(2, dim=-1)
-            q = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(q.dtype)
+            x1, x2 = x.chunk(2, dim=-1)
+            x = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        q = x.to(q.dtype)
         group = q.shape[1] // k.shape[1]
         kk, vv = (x.double().repeat_interleave(group, dim=1) for x in (k, v))
         s = q.double() @ kk.transpose(-1, -2) * qk_scale
@@ -194,11 +206,12 @@ def _stand_in(calls: list):
     return attention
 
 
-@pytest.mark.parametrize("transforms", ["rope", "qknorm_rope_positions", "none"])
+@pytest.mark.parametrize("transforms", ["rope", "qknorm_rope", "qknorm_rope_positions", "none"])
 def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, tmp_path) -> None:
     """The sm90 launcher's Gluon branch under the interpreter, with a float64 stand-in for the
-    Gluon kernel: its pre-rotation kernels (RoPE; RMSNorm with weights, then RoPE at explicit
-    positions) and the scale it passes give the reference's output and lse."""
+    Gluon kernel: the Q transforms it leaves the kernel (RoPE; RMSNorm with weights then RoPE)
+    or its pre-rotation kernels (RMSNorm, then RoPE at explicit positions) and the scale it
+    passes give the reference's output and lse."""
     from kernel_harness import variant
 
     from attnfuse.cache import interpreter_library, load_source
@@ -212,6 +225,13 @@ def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, 
     extras: list[torch.Tensor] = []
     if transforms == "rope":
         pieces |= {"q_ops": [rope], "k_ops": [rope]}
+    elif transforms == "qknorm_rope":
+        pieces |= {
+            "q_ops": ["attn.norm {x} eps = 1.0e-06 weight(%wq : tensor<64xf32>)", rope],
+            "k_ops": ["attn.norm {x} eps = 1.0e-06 weight(%wk : tensor<64xf32>)", rope],
+            "extras": ["%wq: tensor<64xf32>", "%wk: tensor<64xf32>"],
+        }
+        extras = [1 + 0.3 * torch.randn(64, generator=g), 1 + 0.3 * torch.randn(64, generator=g)]
     elif transforms == "qknorm_rope_positions":
         at = "attn.rope {x} half theta = 10000.0 rotary_dim = 64 positions(%pos : tensor<?x?xi64>)"
         pieces |= {
@@ -225,9 +245,10 @@ def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, 
     source = compile_module(
         parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(64,), gluon_min_len_transformed=2048
     ).source
-    # A plain RoPE is the Gluon kernel's own (from the tables); other Q transforms run in rotate_q.
+    # QK-norm and a plain RoPE are the Gluon kernel's own; RoPE at explicit positions runs in rotate_q.
     assert ("rotate_q" in source) is (transforms == "qknorm_rope_positions")
-    assert ("rope=(rope_0_cos, rope_0_sin)" in source) is (transforms == "rope")
+    assert ("rope=(rope_0_cos, rope_0_sin)" in source) is (transforms in ("rope", "qknorm_rope"))
+    assert ("q_norm=(wq, 1e-06)" in source) is (transforms == "qknorm_rope")
     module = load_source(source, tmp_path, interpret=True)
     calls: list[float] = []
     module._gluon_attention = _stand_in(calls)

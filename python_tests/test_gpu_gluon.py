@@ -1,7 +1,9 @@
 """The sm90 Gluon kernel path (kernel-path `gluon-sm90`) on a Hopper GPU, against the
 reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
 
-For each variant family (plain causal, no mask, RoPE + causal with GQA, Qwen3's QK-norm + RoPE,
+For each variant family (plain causal, no mask, RoPE + causal with GQA, Qwen3's QK-norm + RoPE
+(both applied to Q inside the Gluon kernel), an interleaved RoPE (Q rotated by rotate_q first),
+an RMSNorm alone,
 head dims 64 (on request: gluon_head_dims) and 128; through the generated score functions:
 Gemma 2's RoPE + softcap + window, windows, prefix-LM, softcap without a mask, ALiBi, sinks with
 and without a window, packed documents, a score_mod and a custom mask with an extra tensor whose
@@ -101,6 +103,27 @@ CASES = {
             extras=["%wq: tensor<{D}xf32>", "%wk: tensor<{D}xf32>"],
         ),
         lambda g, n: [1 + 0.2 * torch.randn(128, generator=g) for _ in range(2)],
+    ),
+    # Q transforms the Gluon kernel leaves to rotate_q (an interleaved RoPE); an RMSNorm alone.
+    "rope-interleaved-d128-bf16": (
+        1,
+        8,
+        2,
+        128,
+        torch.bfloat16,
+        dict(
+            q_ops=[ROPE.replace("half", "interleaved")], k_ops=[ROPE.replace("half", "interleaved")], score_ops=[CAUSAL]
+        ),
+        None,
+    ),
+    "qknorm-no-weight-f16": (
+        1,
+        8,
+        2,
+        128,
+        torch.float16,
+        dict(q_ops=["attn.norm {x} eps = 1.0e-06"], k_ops=["attn.norm {x} eps = 1.0e-06"], score_ops=[CAUSAL]),
+        None,
     ),
     # Score ops through the generated score functions (a window not a multiple of 128).
     "gemma2-rope-softcap-window-bf16": (

@@ -475,7 +475,7 @@ def prepare(q, k, v, causal: bool, sm_scale: float, version: str = "v3"):
     grid = (B * Hq, N // ver.block_m)
     hooks = {}
     if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
-        args = (*args[:5], None, None, None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
+        args = (*args[:5], None, None, None, None, None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
         hooks = V4_HOOKS
 
     def launch():
@@ -543,11 +543,12 @@ def compile_one(ver: Version, dtype_name: str, head_d: int, causal: bool):
     }
     constexprs = {("CAUSAL",): causal, ("STAGES",): ver.stages(head_d)}
     if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
-        sig = dict(list(sig.items())[:5]) | {"sink_ptr": "constexpr", "cos_ptr": "constexpr", "sin_ptr": "constexpr"}
+        absent = ("sink_ptr", "cos_ptr", "sin_ptr", "qn_w_ptr", "qn_eps")
+        sig = dict(list(sig.items())[:5]) | {name: "constexpr" for name in absent}
         sig |= {"qk_scale": "fp32", "mult": "fp32"}
         sig |= {"N": "i32", "GROUP": "i32", "HEADS": "i32", "XARGS": (), "CAUSAL": "constexpr", "STAGES": "constexpr"}
         sig |= {name: "constexpr" for name in V4_HOOKS}
-        constexprs |= {(name,): None for name in ("sink_ptr", "cos_ptr", "sin_ptr")}
+        constexprs |= {(name,): None for name in absent}
         constexprs |= {(name,): value for name, value in V4_HOOKS.items()}
     names = list(sig)
     src = GluonASTSource(ver.kernel, sig, constexprs={(names.index(k[0]),): v for k, v in constexprs.items()})

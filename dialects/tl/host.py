@@ -235,9 +235,9 @@ class GluonAttentionOp(_HostOp):
     The score ops are `causal` or none, or the variant's own as `tl.device_fn`s: `range`
     (the KV blocks a Q tile visits), `score` (unmasked blocks; absent when the ops are masks
     only) and `masked` (masked blocks), which read the host expressions `args`; `natural`:
-    they read the scaled scores (else only masks, on the raw scores). `rope`: the cos and sin
-    tables of a RoPE the kernel applies to q itself (else q holds its transforms). Operands are
-    host expressions."""
+    they read the scaled scores (else only masks, on the raw scores). `q_norm` (an eps, and
+    `q_norm_weight`) and `rope` (the cos and sin tables): the RMSNorm and RoPE the kernel applies
+    to q itself, in that order (else q holds its transforms). Operands are host expressions."""
 
     name = "tl.gluon_attention"
     q = prop_def(StringAttr)
@@ -254,10 +254,12 @@ class GluonAttentionOp(_HostOp):
     natural = opt_prop_def(UnitAttr)
     args = opt_prop_def(ArrayAttr[StringAttr])
     rope = opt_prop_def(ArrayAttr[StringAttr])
+    q_norm_eps = opt_prop_def(FloatAttr[Float64Type])
+    q_norm_weight = opt_prop_def(StringAttr)
     assembly_format = (
         "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? (`sink` $sink^)?"
         " (`range` $range_fn^)? (`score` $score_full^)? (`masked` $score_masked^)? (`natural` $natural^)?"
-        " (`args` $args^)? (`rope` $rope^)? attr-dict"
+        " (`args` $args^)? (`rope` $rope^)? (`q_norm` $q_norm_eps^)? (`q_norm_weight` $q_norm_weight^)? attr-dict"
     )
 
     def __init__(
@@ -274,6 +276,7 @@ class GluonAttentionOp(_HostOp):
         natural: bool = False,
         args: Sequence[str] = (),
         rope: tuple[str, str] | None = None,
+        q_norm: tuple[str | None, float] | None = None,
     ):
         props: dict[str, Attribute] = {
             "q": StringAttr(q),
@@ -299,6 +302,11 @@ class GluonAttentionOp(_HostOp):
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
         if rope is not None:
             props["rope"] = ArrayAttr(StringAttr(t) for t in rope)
+        if q_norm is not None:
+            weight, eps = q_norm
+            props["q_norm_eps"] = FloatAttr(float(eps), f64)
+            if weight is not None:
+                props["q_norm_weight"] = StringAttr(weight)
         super().__init__(properties=props)
 
     def verify_(self) -> None:
@@ -311,3 +319,5 @@ class GluonAttentionOp(_HostOp):
             raise VerifyException("tl.gluon_attention `natural` and `args` need score functions")
         if self.rope is not None and len(self.rope.data) != 2:
             raise VerifyException("tl.gluon_attention `rope` names two tables, cos and sin")
+        if self.q_norm_weight is not None and self.q_norm_eps is None:
+            raise VerifyException("tl.gluon_attention `q_norm_weight` needs `q_norm` (its eps)")

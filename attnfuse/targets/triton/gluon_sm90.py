@@ -119,11 +119,13 @@ def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.
 
 
 @gluon.jit
-def _gl_rope_q(q_tile, cos_ptr, sin_ptr, row0):
-    """RoPE (channel c paired with c + D/2, every channel rotated) on a consumer's rows of the Q
-    tile in shared memory, from the launcher's [positions, D/2] cos and sin tables; row r of
-    the tile is at position row0 + r. In fp32, rounded once to Q's dtype, as the generic
-    kernel's prologue; then fenced for the wgmmas that read the tile."""
+def _gl_q_prologue(q_tile, rope, q_norm, row0):
+    """Q's transforms on a consumer's rows of the Q tile in shared memory, in fp32, rounded
+    once to Q's dtype (as the generic kernel's prologue), then fenced for the wgmmas that read
+    the tile. q_norm = (weight or None, eps or None): RMSNorm over the head dim (with eps None,
+    none); rope = (cos, sin) or (None, None): RoPE pairing channel c with c + D/2, every channel
+    rotated, from the launcher's [positions, D/2] tables; row r of the tile is at position
+    row0 + r."""
     ROWS: gl.constexpr = q_tile.shape[0]
     HALF: gl.constexpr = q_tile.shape[1] // 2
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -131,13 +133,24 @@ def _gl_rope_q(q_tile, cos_ptr, sin_ptr, row0):
     hi = q_tile.slice(HALF, HALF, dim=1)
     x1 = lo.load(layout).to(gl.float32)
     x2 = hi.load(layout).to(gl.float32)
-    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    idx = rows[:, None] * HALF + cols[None, :]
-    cos = gl.load(cos_ptr + idx)
-    sin = gl.load(sin_ptr + idx)
-    lo.store((x1 * cos - x2 * sin).to(q_tile.dtype))
-    hi.store((x2 * cos + x1 * sin).to(q_tile.dtype))
+    w_ptr, eps = q_norm
+    if eps is not None:
+        rstd = gl.rsqrt((gl.sum(x1 * x1, axis=1) + gl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        x1 = x1 * rstd[:, None]
+        x2 = x2 * rstd[:, None]
+        if w_ptr is not None:
+            x1 = x1 * gl.load(w_ptr + cols).to(gl.float32)[None, :]
+            x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
+    cos_ptr, sin_ptr = rope
+    if cos_ptr is not None:
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        idx = rows[:, None] * HALF + cols[None, :]
+        cos = gl.load(cos_ptr + idx)
+        sin = gl.load(sin_ptr + idx)
+        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    lo.store(x1.to(q_tile.dtype))
+    hi.store(x2.to(q_tile.dtype))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -193,7 +206,7 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, 
 
 
 @gluon.jit
-def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, scales, N, GROUP, HEADS, XARGS,
+def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr,
                  SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
     """The 64 rows of the Q tile that consumer WG owns: its first KV block (masked), the
@@ -224,9 +237,8 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, scales, N, GROUP, HEADS, 
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
     mbarrier.wait(q_bar, 0)
-    cos_ptr, sin_ptr = rope
-    if cos_ptr is not None:
-        _gl_rope_q(q_tile, cos_ptr, sin_ptr, pid_m * BLOCK_M + ROW0)
+    if rope[0] is not None or q_norm[1] is not None:
+        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0)
     mbarrier.wait(k_bars.index(0), 0)
     _gl_take_turn(turn_bars, 0, WG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -296,8 +308,8 @@ def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constex
 
 
 @gluon.jit
-def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, qk_scale, mult, N, GROUP,
-                  HEADS, XARGS,
+def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, qn_w_ptr, qn_eps, qk_scale,
+                  mult, N, GROUP, HEADS, XARGS,
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
                   SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
     """out, lse of one 128-row Q tile: a TMA producer warp and two ping-pong consumer
@@ -307,11 +319,13 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     causal (CAUSAL) or none and mult = scale·log2 e. With them, the generated RANGE,
     SCORE_FULL and SCORE_MASKED functions (and their arguments XARGS) bound the KV loop and
     apply the variant's score ops, on the scores times qk_scale when NATURAL (mult = log2 e).
-    sink_ptr: None, or the per-head sink logits (HEADS of them). cos_ptr, sin_ptr: None (Q
-    arrives transformed), or the RoPE tables the consumers rotate Q with (`_gl_rope_q`)."""
+    sink_ptr: None, or the per-head sink logits (HEADS of them). cos_ptr, sin_ptr, qn_w_ptr,
+    qn_eps: None (Q arrives transformed), or Q's RoPE tables and RMSNorm (weight or None, eps)
+    that the consumers apply (`_gl_q_prologue`)."""
     descs = (q_desc, k_desc, v_desc, o_desc)
     scales = (qk_scale, mult)
     rope = (cos_ptr, sin_ptr)
+    q_norm = (qn_w_ptr, qn_eps)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -331,10 +345,10 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     bufs = (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
     gl.warp_specialize(
         [
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, scales, N, GROUP, HEADS, XARGS, CAUSAL, STAGES, 0,
-                           RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, scales, N, GROUP, HEADS, XARGS, CAUSAL, STAGES, 1,
-                           RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
+                            CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
+                            CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
             (_gl_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES, RANGE)),
         ],
         [4, 1],
@@ -374,15 +388,15 @@ def _gl_spec(x):
 
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
-                     rope=None):
+                     rope=None, q_norm=None):
     """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) by
     `attn_fwd_sm90`, for q and k holding their transforms and qk_scale the score scale.
     Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,
     SCORE_MASKED) generated for the variant, which read `xargs` and, when `natural`, the
     scaled scores. sink: None or the [Hq] sink logits. rope: None (q holds its transforms) or
     the (cos, sin) tables [positions, D/2] of the RoPE the kernel applies to q (half style,
-    every channel). Non-contiguous q, k or v are copied first (TMA reads them as [rows, D]
-    views)."""
+    every channel); q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
+    Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views)."""
     q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
     b, hq, n, d = q.shape
     q_layout, kv_layout, o_layout = _gl_layouts(d, q.dtype)
@@ -394,16 +408,20 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
     group = hq // k.shape[1]
     rng, full, masked = hooks if hooks is not None else (None, None, None)
     cos, sin = rope if rope is not None else (None, None)
+    qn_w, qn_eps = q_norm if q_norm is not None else (None, None)
+    if qn_w is not None and not qn_w.is_contiguous():
+        qn_w = qn_w.contiguous()
     if sink is not None and not sink.is_contiguous():
         sink = sink.contiguous()
     mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
     grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
     args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), desc(v, _GL_BLOCK, kv_layout),
-            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qk_scale, mult, n, group, hq, xargs)
+            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, n, group, hq,
+            xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
     key = (q.device.index, q.dtype, d, causal, natural, hooks, group == 1, group % 16 == 0, _gl_spec(hq),
            lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
-           rope is None)
+           rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None)
     binary = _GL_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, RANGE=rng, SCORE_FULL=full,

@@ -359,6 +359,9 @@ def _gluon_args(h: tl.GluonAttentionOp) -> str:
         args.append("natural=True")
     if h.rope is not None:
         args.append(f"rope=({', '.join(t.data for t in h.rope)})")
+    if h.q_norm_eps is not None:
+        weight = h.q_norm_weight.data if h.q_norm_weight is not None else "None"
+        args.append(f"q_norm=({weight}, {h.q_norm_eps.value.data!r})")
     return ", ".join(args)
 
 

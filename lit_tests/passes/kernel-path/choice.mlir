@@ -30,16 +30,30 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 
 // -----
 
-// QK-norm then RoPE (Qwen3): Q's transforms run in a pre-rotation kernel before the Gluon
-// kernel, so the shortest length is min-len-transformed (4096).
-// CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 4096 : i64}}
-// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 4096"}
-// MINLEN: func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
+// QK-norm then RoPE (Qwen3): the Gluon kernel applies both to Q itself, so min-len (2048).
+// CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 func.func @qknorm(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>, %wq: tensor<128xf32>, %wk: tensor<128xf32>) -> tensor<?x8x?x128xbf16> {
   %qn = attn.norm %q eps = 1.0e-06 weight(%wq : tensor<128xf32>) : tensor<?x8x?x128xbf16>
   %qr = attn.rope %qn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
   %kn = attn.norm %k eps = 1.0e-06 weight(%wk : tensor<128xf32>) : tensor<?x8x?x128xbf16>
   %kr = attn.rope %kn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x8x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// An interleaved RoPE is not the Gluon kernel's: Q is rotated by a pre-rotation kernel before
+// it, so the shortest length is min-len-transformed (4096).
+// CHECK:  func.func @interleaved({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 4096 : i64}}
+// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 4096"}
+// MINLEN: func.func @interleaved({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
+func.func @interleaved(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q interleaved theta = 10000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k interleaved theta = 10000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
   %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x8x?x128xbf16> -> !attn.scores<8>
   %m = attn.mask %s causal : !attn.scores<8>
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>

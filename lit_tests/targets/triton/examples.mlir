@@ -1,11 +1,10 @@
 // Every bundled example lowers through the whole pipeline to a Triton kernel.
 // (sm 90 by default: the head-dim-128 examples take the sm90 Gluon kernel beside the generic
 // one, with their score ops as generated functions unless they are a causal mask, and Q's plain
-// RoPE applied in it; Qwen3's QK-norm needs rotate_q first; gpt-oss's head dim 64 keeps it on
-// the generic kernel.)
+// RoPE and QK-norm applied in it; gpt-oss's head dim 64 keeps it on the generic kernel.)
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON,LLAMA
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GLUON,HOOKS,HCAP
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,QWEN,QROT
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,QWEN
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GLUON,HOOKS,HALIBI
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GENERIC
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/packed_documents.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,DOC,GLUON,HOOKS,HDOC
@@ -14,7 +13,7 @@
 // GLUON:      def attn_fwd_sm90(
 // GLUON:      def _gluon_attention(
 // PRE:        def rotate_k(
-// QROT:       def rotate_q(
+// GLUON-NOT:  def rotate_q(
 // NORM:       tl.rsqrt(
 // ALL:        @triton.jit
 // ALL-NEXT:   def attn_fwd(
@@ -41,9 +40,7 @@
 // PRE:        _launch(rotate_k, (
 // GLUON:      if _gluon_fits(q, k, v, {{[0-9]+}}):
 // LLAMA-NEXT:     _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin))
-// QWEN-NEXT:      q_rot = torch.empty(
-// QWEN-NEXT:      _launch(rotate_q, (
-// QWEN:           _gluon_attention(q_rot, k_rot, v, out, lse, 0.08838834764831843, causal=True)
+// QWEN-NEXT:      _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin), q_norm=(q_norm_weight, 1e-06))
 // HCAP:           _gluon_attention(q, k_rot, v, out, lse, 0.0625, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), natural=True, rope=(rope_0_cos, rope_0_sin))
 // HALIBI:         _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), xargs=(slopes, slopes.stride(0),), natural=True)
 // HDOC:           _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, None, gluon_score_masked), xargs=(doc_ids, *doc_ids.stride()[:2],))
