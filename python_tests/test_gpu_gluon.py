@@ -44,6 +44,7 @@ pytestmark = [
 
 TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
 ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = {D}"
+ROPE_INTERLEAVED = "attn.rope {x} interleaved theta = 10000.0 rotary_dim = {D}"
 NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<{D}xf32>)"
 CAUSAL = "attn.mask {s} causal"
 # tanh(x / 2) + h / 4: a score_mod reading the score, a math op and the head.
