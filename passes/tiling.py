@@ -22,9 +22,10 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # entries are unmeasured defaults.
 # On sm90 a forward that kernel-path gives the Gluon kernel (passes/kernel_path.py) still gets
 # these tiles for the generic kernel generated beside it; the Gluon kernel has its own fixed
-# 128x128 tiles. The classes it does not take: head dim 64 (its Gluon kernel measured
-# 0.93-1.10x this table's kernel with RoPE / QK-norm, 1.00-1.02x without), score mods, windows,
-# sinks (benchmarks/results/h200/run_2026-12-01_gluon/).
+# 128x128 tiles. It takes every variant class at head dim 128 (1.1-1.6x this table's kernel,
+# benchmarks/results/h200/run_2026-12-01_families/); the class it does not take: head dim 64,
+# where it measured 0.93-1.10x this table's kernel with Q's transforms in a pre-rotation kernel
+# and 1.00-1.02x without (benchmarks/results/h200/run_2026-12-01_gluon/).
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
