@@ -1,8 +1,9 @@
 """kernel-path: which kernel computes a forward variant's attention on its target.
 
 `gluon-sm90`: on Hopper, the warp-specialized Gluon kernel (TMA loads, asynchronous wgmma,
-ping-pong consumer warpgroups; `attnfuse/targets/triton/gluon_sm90.py`), with Q's and K's
-transforms in pre-rotation kernels. The generic Triton kernel is still generated beside it,
+ping-pong consumer warpgroups; `attnfuse/targets/triton/gluon_sm90.py`), with K's transforms in a
+pre-rotation kernel and Q's applied by the kernel itself (QK-norm, a plain RoPE:
+`gluon_rotates_q`) or in a pre-rotation kernel too. The generic Triton kernel is still generated beside it,
 and the launcher takes it for calls the Gluon kernel does not cover (Nq != Nk, a length not
 a multiple of 128 or below `min-len`, unaligned data).
 
@@ -21,8 +22,9 @@ benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
 - head dim 64 (the paper shape): 0.93-1.10x the generic kernel with RoPE or QK-norm (Q's
   pre-rotation pass costs about what the kernel gains) and 1.00-1.02x without, so it keeps
   the generic kernel (`GLUON_HEAD_DIMS`);
-- N = 2048 with Q transforms: host-bound (three launches and four TMA descriptors for 0.1 ms of
-  GPU work), 0.69-0.77x the generic kernel in one of three runs, hence `min-len-transformed`.
+- N = 2048 with Q transforms in a pre-rotation kernel: host-bound (three launches and four TMA
+  descriptors for 0.1 ms of GPU work), 0.69-0.77x the generic kernel in one of three runs, hence
+  `min-len-transformed`; with Q's RoPE in the kernel (two launches) 1.29x at N = 2048.
 """
 
 from __future__ import annotations
