@@ -13,8 +13,8 @@ ran (a counting wrapper around the module's `_gluon_attention`) and the output a
 log-sum-exp. Calls it does not cover go to the
 generic kernel of the same module: a length that is not a multiple of 128, Nq != Nk, a
 misaligned view; non-contiguous q / v (the Hugging Face layout) take the Gluon kernel after
-a copy. Through the runtime: `attnfuse.variants.llama3` at N = 4096 and its gradients (the
-backward consumes the Gluon forward's out and lse).
+a copy. Through the runtime at N = 4096: Llama 3, a Gemma 2 local layer (window 1024) and packed
+documents with sinks, and their gradients (the backward consumes the Gluon forward's out and lse).
 
 Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
 """
@@ -289,24 +289,45 @@ def test_misaligned_and_non_contiguous_inputs(folder: Path) -> None:
     assert calls == [1], "a misaligned q went to the Gluon kernel"
 
 
-def test_runtime_llama3_forward_and_backward() -> None:
-    """The runtime's kernel for Llama 3 at N = 4096 launches the Gluon forward; its output,
-    and the gradients of the backward that reads its out and lse, match SDPA on rotated
-    inputs in float32."""
+@af.variant
+def gemma2_window_1024(q, k, v):
+    """Gemma 2's local layer with a window shorter than the sequence (the Gluon kernel's softcap
+    by tanh.approx, its window by the generated KV range)."""
+    q = af.rope(q, theta=10000.0)
+    k = af.rope(k, theta=10000.0)
+    s = af.softcap(af.qk(q, k, scale=1.0 / 16.0), 50.0)
+    return af.pv(af.softmax(af.mask(s, af.sliding_window(1024))), v)
+
+
+@af.variant
+def packed_with_sinks(q, k, v, doc_ids, sinks):
+    """Packed documents (an opaque mask: every block masked) with per-head sinks."""
+    return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal & af.document(doc_ids)), sink=sinks), v)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma2_window_1024", "packed_with_sinks"])
+def test_runtime_forward_and_backward(name: str) -> None:
+    """The runtime's kernel at N = 4096 launches the Gluon forward; its output, and the
+    gradients of the backward that reads its out and lse (the backward recomputes the scores
+    with its own, precise softcap), match the reference executor in float32."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (
         torch.randn(1, h, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
         for h in (32, 8, 8)
     )
-    kernel = variants.llama3.compile(q, k, v)
+    fn = {"llama3": variants.llama3, "gemma2_window_1024": gemma2_window_1024, "packed_with_sinks": packed_with_sinks}
+    extras = []
+    if name == "packed_with_sinks":
+        extras = [_doc_ids(1, 4096).cuda(), torch.randn(32, device="cuda", generator=g)]
+    kernel = fn[name].compile(q, k, v, *extras)
     assert "_gluon_attention(" in kernel.source
-    out = variants.llama3(q, k, v)
+    out = fn[name](q, k, v, *extras)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     with af.backend("reference"):
         q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
-        ref = variants.llama3(q32, k32, v32)
+        ref = fn[name](q32, k32, v32, *extras)
         ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
     for what, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), strict=True):
         rel = ((got.float() - want).norm() / want.norm()).item()
-        assert rel < 2e-2, f"llama3 {what}: relative error {rel:.2e}"
+        assert rel < 2e-2, f"{name} {what}: relative error {rel:.2e}"
