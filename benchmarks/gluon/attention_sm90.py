@@ -421,6 +421,9 @@ VERSIONS = {
     "v3": Version("v3", attn_fwd_v3),
     "v3s2": Version("v3s2", attn_fwd_v3, stages_d128=2),  # v3 with a 2-deep ring at D=128 (160 KB)
     "v4": Version("v4", attn_fwd_sm90, num_warps=4, consumers=2),  # what the compiler ships
+    # v4 with 128 rows per consumer warpgroup and 64-key blocks (head dim 64's candidate)
+    "v4m256n64": Version("v4m256n64", attn_fwd_sm90, block_m=256, block_n=64, num_warps=4, consumers=2),
+    "v4m128n64": Version("v4m128n64", attn_fwd_sm90, block_m=128, block_n=64, num_warps=4, consumers=2),
 }
 
 SHAPES = {  # name: (B, Hq, Hkv, D, dtype name)
