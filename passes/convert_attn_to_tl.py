@@ -455,8 +455,8 @@ class Lowering:
         kv_idx = p.param("kv_idx", tl.TileType(i32), "")
         off_hz = p.param("off_hz", i32, "")
         if like is not None:
-            for key, arg in list(like.by_key.items())[4:]:
-                p.param(key, arg.type, like.host[arg.index])
+            for (key, arg), host in zip(list(like.by_key.items())[4:], like.host[4:], strict=True):
+                p.param(key, arg.type, host)
         b = kb.floordiv(off_hz, self.hq, hint="b")
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")

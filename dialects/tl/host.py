@@ -14,6 +14,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerAttr,
     StringAttr,
+    SymbolRefAttr,
     UnitAttr,
     f32,
     f64,
@@ -292,10 +293,10 @@ class GluonAttentionOp(_HostOp):
             props["sink"] = StringAttr(sink)
         if hooks is not None:
             range_fn, full, masked = hooks
-            props["range_fn"] = FlatSymbolRefAttr(range_fn)
-            props["score_masked"] = FlatSymbolRefAttr(masked)
+            props["range_fn"] = SymbolRefAttr(range_fn)
+            props["score_masked"] = SymbolRefAttr(masked)
             if full is not None:
-                props["score_full"] = FlatSymbolRefAttr(full)
+                props["score_full"] = SymbolRefAttr(full)
         if natural:
             props["natural"] = UnitAttr()
         if args:
