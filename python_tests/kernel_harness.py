@@ -20,6 +20,33 @@ from attnfuse.reference import run_reference_with_lse
 
 MLIR_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 
+# A custom mask region reading an extra tensor: keep unless kv_idx % 3 == 0, but always keep
+# keys flagged in %t; never the future.
+CUSTOM_MASK = """attn.mask {s} custom(%t : tensor<?xi32>) {
+  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %tt: tensor<?xi32>):
+    %c3 = arith.constant 3 : i32
+    %z = arith.constant 0 : i32
+    %r = arith.remsi %ki, %c3 : i32
+    %ne = arith.cmpi ne, %r, %z : i32
+    %flag = attn.extract %tt[%ki] : tensor<?xi32>
+    %flagged = arith.cmpi sgt, %flag, %z : i32
+    %either = arith.ori %ne, %flagged : i1
+    %past = arith.cmpi sle, %ki, %qi : i32
+    %keep = arith.andi %either, %past : i1
+    attn.yield %keep : i1
+  }"""
+
+# tanh(x / 2) + h: a score_mod using the score, a math op and the head index.
+SCORE_MOD = """attn.score_mod {s} {
+  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
+    %c = arith.constant 0.5 : f32
+    %y = arith.mulf %x, %c : f32
+    %t = math.tanh %y : f32
+    %hf = arith.sitofp %h : i32 to f32
+    %z = arith.addf %t, %hf : f32
+    attn.yield %z : f32
+  }"""
+
 # Absolute tolerance of the output and of the log-sum-exp, per input dtype: fp16 rounds
 # Q (after its prologue) and P to 11 bits; fp32 dots run in IEEE fp32 under the interpreter.
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}

@@ -26,7 +26,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from kernel_harness import variant
+from kernel_harness import CUSTOM_MASK, SCORE_MOD, variant
 
 import attnfuse as af
 from attnfuse import variants
@@ -47,32 +47,6 @@ ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = {D}"
 ROPE_INTERLEAVED = "attn.rope {x} interleaved theta = 10000.0 rotary_dim = {D}"
 NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<{D}xf32>)"
 CAUSAL = "attn.mask {s} causal"
-# tanh(x / 2) + h / 4: a score_mod reading the score, a math op and the head.
-SCORE_MOD = """attn.score_mod {s} {
-  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
-    %c = arith.constant 0.5 : f32
-    %y = arith.mulf %x, %c : f32
-    %t = math.tanh %y : f32
-    %hf = arith.sitofp %h : i32 to f32
-    %q4 = arith.constant 0.25 : f32
-    %hq = arith.mulf %hf, %q4 : f32
-    %z = arith.addf %t, %hq : f32
-    attn.yield %z : f32
-  }"""
-# Keys flagged in %t, or not a multiple of 3, and never the future (an extra tensor, a region).
-CUSTOM_MASK = """attn.mask {s} custom(%t : tensor<?xi32>) {
-  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %tt: tensor<?xi32>):
-    %c3 = arith.constant 3 : i32
-    %z = arith.constant 0 : i32
-    %r = arith.remsi %ki, %c3 : i32
-    %ne = arith.cmpi ne, %r, %z : i32
-    %flag = attn.extract %tt[%ki] : tensor<?xi32>
-    %flagged = arith.cmpi sgt, %flag, %z : i32
-    %either = arith.ori %ne, %flagged : i1
-    %past = arith.cmpi sle, %ki, %qi : i32
-    %keep = arith.andi %either, %past : i1
-    attn.yield %keep : i1
-  }"""
 
 
 def _doc_ids(b: int, n: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from kernel_harness import check, qkv, run_kernel, variant
+from kernel_harness import CUSTOM_MASK, SCORE_MOD, check, qkv, run_kernel, variant
 
 from attnfuse.reference import run_reference_with_lse
 
@@ -42,20 +42,6 @@ def weights(n: int, dtype=F16, seed: int = 1) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- regions
 
-# keep unless kv_idx % 3 == 0, but always keep keys flagged in %t; never the future.
-CUSTOM_MASK = """attn.mask {s} custom(%t : tensor<?xi32>) {
-  ^bb0(%b: i32, %h: i32, %qi: i32, %ki: i32, %tt: tensor<?xi32>):
-    %c3 = arith.constant 3 : i32
-    %z = arith.constant 0 : i32
-    %r = arith.remsi %ki, %c3 : i32
-    %ne = arith.cmpi ne, %r, %z : i32
-    %flag = attn.extract %tt[%ki] : tensor<?xi32>
-    %flagged = arith.cmpi sgt, %flag, %z : i32
-    %either = arith.ori %ne, %flagged : i1
-    %past = arith.cmpi sle, %ki, %qi : i32
-    %keep = arith.andi %either, %past : i1
-    attn.yield %keep : i1
-  }"""
 
 # A per-head table of relative-distance biases, read with attn.extract.
 CUSTOM_BIAS = """attn.bias {s} custom(%tb : tensor<2x?xf32>) {
@@ -66,16 +52,6 @@ CUSTOM_BIAS = """attn.bias {s} custom(%tb : tensor<2x?xf32>) {
     attn.yield %val : f32
   }"""
 
-# tanh(x / 2) + h: a score_mod using the score, a math op and the head index.
-SCORE_MOD = """attn.score_mod {s} {
-  ^bb0(%x: f32, %b: i32, %h: i32, %qi: i32, %ki: i32):
-    %c = arith.constant 0.5 : f32
-    %y = arith.mulf %x, %c : f32
-    %t = math.tanh %y : f32
-    %hf = arith.sitofp %h : i32 to f32
-    %z = arith.addf %t, %hf : f32
-    attn.yield %z : f32
-  }"""
 
 # |x|: turns a masked -inf into +inf if a mask were applied before it.
 ABS_SCORE = """attn.score_mod {s} {

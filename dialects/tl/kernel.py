@@ -50,6 +50,21 @@ from attnfuse.dialects.tl.types import PointerType, TileType, is_tile, scalar_of
 # --------------------------------------------------------------------------- kernels
 
 
+def _print_function(printer: Printer, op: KernelOp | DeviceFnOp, constexprs: set[int]) -> None:
+    """` @name(%a: T, %b: T constexpr, ...) attributes {...} { body }`: a kernel or device function."""
+    printer.print_string(f" @{op.sym_name.data}(")
+    for i, arg in enumerate(op.body.block.args):
+        if i:
+            printer.print_string(", ")
+        printer.print_block_argument(arg)
+        if i in constexprs:
+            printer.print_string(" constexpr")
+    printer.print_string(")")
+    printer.print_op_attributes(op.attributes, print_keyword=True)
+    printer.print_string(" ")
+    printer.print_region(op.body, print_entry_block_args=False)
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """One `@triton.jit` kernel. Block arguments are its parameters, in order;
@@ -76,18 +91,7 @@ class KernelOp(IRDLOperation):
         )
 
     def print(self, printer: Printer) -> None:
-        printer.print_string(f" @{self.sym_name.data}(")
-        cx = {c.data for c in self.constexprs}
-        for i, arg in enumerate(self.body.block.args):
-            if i:
-                printer.print_string(", ")
-            printer.print_block_argument(arg)
-            if i in cx:
-                printer.print_string(" constexpr")
-        printer.print_string(")")
-        printer.print_op_attributes(self.attributes, print_keyword=True)
-        printer.print_string(" ")
-        printer.print_region(self.body, print_entry_block_args=False)
+        _print_function(printer, self, {c.data for c in self.constexprs})
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:
@@ -157,12 +161,7 @@ class DeviceFnOp(IRDLOperation):
         super().__init__(properties={"sym_name": StringAttr(name)}, regions=[Region(block)])
 
     def print(self, printer: Printer) -> None:
-        printer.print_string(f" @{self.sym_name.data}(")
-        printer.print_list(self.body.block.args, printer.print_block_argument)
-        printer.print_string(")")
-        printer.print_op_attributes(self.attributes, print_keyword=True)
-        printer.print_string(" ")
-        printer.print_region(self.body, print_entry_block_args=False)
+        _print_function(printer, self, set())
 
     @classmethod
     def parse(cls, parser: Parser) -> DeviceFnOp:
