@@ -7,8 +7,9 @@ prelude; here it is an ordinary module, linted and compiled for sm90 by the test
 
 What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
 q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64 or
-128, N a multiple of 128 and Nq = Nk. Q and K arrive with their transforms (RoPE, QK-norm)
-already applied: the launcher runs the pre-rotation kernels first. The score ops are a causal
+128, N a multiple of 128 and Nq = Nk. K arrives with its transforms applied (a pre-rotation
+kernel); Q either too, or the consumers apply its RMSNorm and RoPE to their rows of the Q tile
+in shared memory before the first wgmma (`_gl_q_prologue`). The score ops are a causal
 mask or none, applied here, or the variant's own, as `@triton.jit` functions the compiler
 generates (`RANGE`: the KV blocks a Q tile visits; `SCORE_FULL` / `SCORE_MASKED`: the scores
 of unmasked and masked blocks), called with their extra arguments `XARGS`. A per-head sink
@@ -379,12 +380,13 @@ def _gluon_fits(q, k, v, min_len):
 
 def _gl_spec(x):
     """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment,
-    an integer's being 1 or a multiple of 16 (a direct-binary launch must match them)."""
+    an integer's being 1, a multiple of 16 or beyond int32 (a direct-binary launch must match
+    them)."""
     if isinstance(x, torch.Tensor):
         return x.dtype, x.data_ptr() % 16 == 0
     if isinstance(x, bool) or not isinstance(x, int):
         return type(x)
-    return x == 1, x % 16 == 0
+    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
 
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
