@@ -143,6 +143,14 @@ class TritonPrinter:
                     f"the triton target prints only tl ops, found '{op.name}': lower the module "
                     "with the attnfuse-pipeline (or convert-attn-to-tl) first"
                 )
+        functions = {op.sym_name.data for op in module.ops if isinstance(op, tl.DeviceFnOp)}
+        for op in module.walk():
+            if isinstance(op, tl.GluonAttentionOp):
+                for ref in (op.range_fn, op.score_full, op.score_masked):
+                    if ref is not None and ref.string_value() not in functions:
+                        raise DiagnosticException(
+                            f"tl.gluon_attention calls @{ref.string_value()}, which is not a tl.device_fn of the module"
+                        )
         self.out.write(HEADER)
         self.out.write(prelude_source())
         if any(isinstance(op, tl.GluonAttentionOp) for op in module.walk()):
