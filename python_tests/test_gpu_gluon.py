@@ -2,7 +2,7 @@
 reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
 
 For each variant family (plain causal, no mask, RoPE + causal with GQA, Qwen3's QK-norm + RoPE
-(both applied to Q inside the Gluon kernel), an interleaved RoPE (Q rotated by rotate_q first),
+(both applied to Q inside the Gluon kernel, head dims 128 and 64), an interleaved RoPE (Q rotated by rotate_q first),
 an RMSNorm alone,
 head dims 64 (on request: gluon_head_dims) and 128; through the generated score functions:
 Gemma 2's RoPE + softcap + window, windows, prefix-LM, softcap without a mask, ALiBi, sinks with
@@ -78,6 +78,15 @@ CASES = {
             extras=["%wq: tensor<{D}xf32>", "%wk: tensor<{D}xf32>"],
         ),
         lambda g, n: [1 + 0.2 * torch.randn(128, generator=g) for _ in range(2)],
+    ),
+    "qknorm-rope-d64-f16": (
+        2,
+        4,
+        2,
+        64,
+        torch.float16,
+        dict(q_ops=["attn.norm {x} eps = 1.0e-06", ROPE], k_ops=["attn.norm {x} eps = 1.0e-06", ROPE], score_ops=[CAUSAL]),
+        None,
     ),
     # Q transforms the Gluon kernel leaves to rotate_q (an interleaved RoPE); an RMSNorm alone.
     "rope-interleaved-d128-bf16": (
