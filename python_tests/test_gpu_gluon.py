@@ -46,6 +46,7 @@ TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
 ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = {D}"
 ROPE_INTERLEAVED = "attn.rope {x} interleaved theta = 10000.0 rotary_dim = {D}"
 NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<{D}xf32>)"
+PLAIN_NORM = "attn.norm {x} eps = 1.0e-06"
 CAUSAL = "attn.mask {s} causal"
 
 
@@ -85,7 +86,7 @@ CASES = {
         2,
         64,
         torch.float16,
-        dict(q_ops=["attn.norm {x} eps = 1.0e-06", ROPE], k_ops=["attn.norm {x} eps = 1.0e-06", ROPE], score_ops=[CAUSAL]),
+        dict(q_ops=[PLAIN_NORM, ROPE], k_ops=[PLAIN_NORM, ROPE], score_ops=[CAUSAL]),
         None,
     ),
     # Q transforms the Gluon kernel leaves to rotate_q (an interleaved RoPE); an RMSNorm alone.
@@ -106,7 +107,7 @@ CASES = {
         2,
         128,
         torch.float16,
-        dict(q_ops=["attn.norm {x} eps = 1.0e-06"], k_ops=["attn.norm {x} eps = 1.0e-06"], score_ops=[CAUSAL]),
+        dict(q_ops=[PLAIN_NORM], k_ops=[PLAIN_NORM], score_ops=[CAUSAL]),
         None,
     ),
     # Score ops through the generated score functions (a window not a multiple of 128).
