@@ -63,6 +63,7 @@ def fresh_prelude(monkeypatch):
     monkeypatch.setattr(prelude, "_TABLES", {})
     monkeypatch.setattr(prelude, "_BINARIES", {})
     monkeypatch.setattr(prelude, "_DRIVER", [])
+    monkeypatch.setattr(prelude, "_PLANS", {})
     return prelude
 
 
@@ -150,6 +151,23 @@ def test_launch_runs_the_binary_directly_after_the_first_launch(fake_triton):
     assert len(kernel.launches) == 5 and len(kernel.runs) == 1
     prelude._launch(kernel, (7,), 8, 3, x, 101)
     assert kernel.runs[-1][:3] == (7, 1, 1) and len(kernel.launches) == 5
+
+
+def test_launch_key_follows_each_kernels_argument_kinds(fake_triton):
+    """The key reads a kernel's tensors and other arguments by position (its plan, made at its
+    first launch); a call whose kinds differ takes Triton's path instead of a wrong binary."""
+    kernel, other = FakeJIT(), FakeJIT()
+    x = torch.zeros(64, dtype=torch.float16)
+    prelude._launch(kernel, (1,), 4, 1, x, 7, x)
+    prelude._launch(kernel, (1,), 4, 1, x.clone(), 7, x.clone())
+    assert len(kernel.launches) == 1 and len(kernel.runs) == 1
+    prelude._launch(kernel, (1,), 4, 1, 5, 7, x)  # an int where a tensor was
+    assert len(kernel.launches) == 2 and len(kernel.runs) == 1
+    prelude._launch(other, (1,), 4, 1, 7, x)  # another kernel, its own plan
+    prelude._launch(other, (1,), 4, 1, 7, x.clone())
+    assert len(other.launches) == 1 and len(other.runs) == 1
+    prelude._launch(other, (1,), 4, 1, 8, x)  # another integer: another binary
+    assert len(other.launches) == 2
 
 
 def test_launch_takes_tritons_path_with_hooks_interpreted_kernels_and_no_binary(fake_triton):

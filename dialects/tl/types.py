@@ -101,6 +101,7 @@ RESERVED_NAMES = (
         "tl",
         "triton",
         "torch",
+        "operator",
         "range",
         "float",
         "int",
@@ -110,6 +111,8 @@ RESERVED_NAMES = (
         "_TABLES",
         "_BINARIES",
         "_DRIVER",
+        "_PLANS",
+        "_plan",
     }
 )
 """Names a generated module uses itself (keywords, builtins, imports, its helpers): kernel

@@ -20,6 +20,8 @@ text and never imports it, so that printing does not import torch.
 # from its type information.
 # pyright: reportAttributeAccessIssue=false
 
+import operator
+
 import torch
 import triton
 
@@ -55,6 +57,17 @@ def _freq_table(key, inv_freq, device):
 
 _BINARIES = {}
 _DRIVER = []
+_PLANS = {}
+
+
+def _plan(args):
+    """Getters of a launch's non-tensor arguments (their values go into the key) and of its
+    tensors (their dtype and alignment do), by position: the same for every call of a kernel."""
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    others = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+    return (operator.itemgetter(*others) if others else lambda a: (),
+            operator.itemgetter(*tensors) if len(tensors) > 1 else lambda a, i=tuple(tensors): [a[j] for j in i],
+            len(args))
 
 
 def _launch(kernel, grid, num_warps, num_stages, *args):
@@ -74,9 +87,14 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
         _DRIVER.extend((getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device,
                         active.get_current_stream))
     device = _DRIVER[0]()
-    key = (id(kernel), device, num_warps, num_stages,
-           *[a if type(a) is int else (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a
-             for a in args])
+    plan = _PLANS.get(id(kernel))
+    if plan is None or plan[2] != len(args):
+        plan = _PLANS[id(kernel)] = _plan(args)
+    try:
+        key = (id(kernel), device, num_warps, num_stages, plan[0](args),
+               *[(t.dtype, t.data_ptr() & 15) for t in plan[1](args)])
+    except AttributeError:  # a tensor where this kernel had another value: Triton's path
+        return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
     entry = _BINARIES.get(key)
     if entry is None:
         binary = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
