@@ -229,8 +229,9 @@ class HostSumOp(_HostOp):
 @irdl_op_definition
 class GluonAttentionOp(_HostOp):
     """`_gluon_attention(q, k, v, out, lse, qk_scale, ...)`: the sm90 Gluon attention kernel
-    (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on tensors whose Q and K
-    transforms are applied: out and lse of softmax(score ops(q·kᵀ·qk_scale)) v, GQA from the
+    (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on a k holding its transforms
+    (and a q holding its own, unless `q_norm` / `rope`): out and lse of
+    softmax(score ops(q·kᵀ·qk_scale)) v, GQA from the
     head counts, the per-head `sink` logits (a host expression) in the denominator.
 
     The score ops are `causal` or none, or the variant's own as `tl.device_fn`s: `range`
