@@ -93,7 +93,8 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
     try:
         key = (id(kernel), device, num_warps, num_stages, plan[0](args),
                *[(t.dtype, t.data_ptr() & 15) for t in plan[1](args)])
-    except AttributeError:  # a tensor where this kernel had another value: Triton's path
+    except AttributeError:  # another value where this kernel had a tensor: Triton's path
+        # (a tensor where it had another value goes into the key as itself: never a wrong hit)
         return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
     entry = _BINARIES.get(key)
     if entry is None:
