@@ -301,6 +301,16 @@ _library_lock = threading.RLock()
 _library_swaps: list[tuple[Any, str, Any, Any]] | None = None
 
 
+def _language_namespaces() -> list[Any]:
+    """The namespaces whose attributes Triton's interpreter and `interpreter_library`
+    replace: the loaded `triton.language` modules, and the classes `tl.tensor`, `tl.dtype`
+    and `tl.core.tensor_descriptor_base`."""
+    import triton.language as tl
+
+    modules = [m for n, m in list(sys.modules.items()) if n.split(".")[:2] == ["triton", "language"]]
+    return [*modules, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base]
+
+
 def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
     """(owner, attribute, compiled function, interpreted twin) for every compiled
     `@triton.jit` function of Triton's library; found once per process. Call it under
@@ -308,47 +318,65 @@ def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
     swapped them, a search would find only the twins."""
     global _library_swaps
     if _library_swaps is None:
-        import triton.language as tl
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
         with contextlib.suppress(ImportError):
             # Gluon checks, when first imported, that the library functions are compiled ones.
             import triton.experimental.gluon  # noqa: F401
-        owners: list[Any] = [m for n, m in list(sys.modules.items()) if n.split(".")[:2] == ["triton", "language"]]
-        owners.append(tl.core.tensor)
         twins: dict[int, Any] = {}
         _library_swaps = [
             (o, a, f, twins.setdefault(id(f), InterpretedFunction(f.fn)))
-            for o in owners
+            for o in _language_namespaces()
             for a, f in list(vars(o).items())
             if isinstance(f, JITFunction)
         ]
     return _library_swaps
 
 
+def _restore_namespaces(saved: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Put back every attribute of the saved namespaces that was replaced since, and remove
+    those added to a class. Names added to a module stay: a newly imported submodule, and
+    the `interpreter_semantic` the interpreter gives the modules of the functions it has
+    rewritten, which those rewritten functions keep using."""
+    for owner, before in saved:
+        for name, value in list(vars(owner).items()):
+            if name not in before:
+                if isinstance(owner, type):
+                    delattr(owner, name)
+            elif before[name] is not value:
+                setattr(owner, name, before[name])
+
+
 @contextlib.contextmanager
 def interpreter_library() -> Iterator[None]:
-    """Let interpreted kernels call Triton's own library functions.
+    """Let interpreted kernels call Triton's own library functions, and leave
+    `triton.language` as it was found.
 
     `tl.max`, `tl.sum`, `tl.cdiv`... are themselves `@triton.jit` functions, compiled
     or interpreted as `TRITON_INTERPRET` said when `triton.language` was first
     imported, and an interpreted kernel cannot call a compiled one. Inside this block
     every compiled library function (attributes of the `triton.language` modules and
-    of `tl.tensor`) is replaced by an interpreted twin; on exit the originals come
-    back. A process started with TRITON_INTERPRET=1 has nothing to replace.
+    of `tl.tensor`) is replaced by an interpreted twin.
+
+    On exit every attribute of the language's namespaces is put back as it was on
+    entry. Triton 3.6's interpreter undoes its own patches of `triton.language` after a
+    kernel, but not those it makes when an interpreted kernel calls a library function
+    such as `tl.max`: `triton.language.core`'s builtins would stay bound to the
+    interpreter, and any later compilation in the process (a Triton or Gluon kernel for
+    a GPU) would fail in its front end.
 
     The block holds a process-wide lock, so interpreted launches run one at a time: the
     interpreter itself patches `triton.language` while a kernel runs."""
     with _library_lock:
         swaps = _compiled_library_functions()
+        saved = [(owner, dict(vars(owner))) for owner in _language_namespaces()]
         for owner, attr, _, twin in swaps:
             setattr(owner, attr, twin)
         try:
             yield
         finally:
-            for owner, attr, fn, _ in swaps:
-                setattr(owner, attr, fn)
+            _restore_namespaces(saved)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -527,6 +527,28 @@ def test_threads_making_their_first_interpret_calls_at_once(monkeypatch):
     assert compiles() >= 2
 
 
+def test_an_interpreted_launch_leaves_triton_language_as_it_found_it():
+    """Triton 3.6's interpreter leaves `triton.language.core`'s builtins bound to itself after
+    an interpreted kernel calls a library function (`tl.max`, `tl.sum`...): a later
+    compilation for a GPU in the same process then fails in its front end. The interpreted
+    launch puts every name back."""
+    import triton.language as tl
+
+    namespaces = cache._language_namespaces()
+    before = [dict(vars(n)) for n in namespaces]
+    x = qkv(b=1, hq=2, hkv=2, nq=17, nk=17, d=16, dv=16, dtype=torch.float32)
+    with af.backend("interpret"):
+        rope_causal(*x)  # its softmax calls tl.max and tl.sum
+    changed = [
+        f"{getattr(n, '__name__', n)}.{name}"
+        for n, saved in zip(namespaces, before, strict=True)
+        for name, value in vars(n).items()
+        if name in saved and saved[name] is not value
+    ]
+    assert changed == []
+    assert [a for a in vars(tl.tensor) if a not in before[namespaces.index(tl.tensor)]] == []
+
+
 def test_threads_with_triton_interpret_set_at_start(fresh_cache):
     """A process started with TRITON_INTERPRET=1 has no library functions to swap; its
     interpreted launches are serialised all the same."""
