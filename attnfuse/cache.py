@@ -299,16 +299,25 @@ def load_source(source: str, folder: str | Path, *, interpret: bool) -> ModuleTy
 
 _library_lock = threading.RLock()
 _library_swaps: list[tuple[Any, str, Any, Any]] | None = None
+_namespaces: list[Any] | None = None
 
 
 def _language_namespaces() -> list[Any]:
     """The namespaces whose attributes Triton's interpreter and `interpreter_library`
-    replace: the loaded `triton.language` modules, and the classes `tl.tensor`, `tl.dtype`
-    and `tl.core.tensor_descriptor_base`."""
-    import triton.language as tl
+    replace: the `triton.language` modules loaded when first asked, and the classes
+    `tl.tensor`, `tl.dtype` and `tl.core.tensor_descriptor_base`. Found once per process
+    (under `_library_lock`): other threads import modules meanwhile, and a walk over
+    `sys.modules` on every launch could see it change."""
+    global _namespaces
+    if _namespaces is None:
+        import triton.language as tl
 
-    modules = [m for n, m in list(sys.modules.items()) if n.split(".")[:2] == ["triton", "language"]]
-    return [*modules, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base]
+        with contextlib.suppress(ImportError):
+            # Gluon checks, when first imported, that the library functions are compiled ones.
+            import triton.experimental.gluon  # noqa: F401
+        modules = [m for n, m in sys.modules.copy().items() if n.split(".")[:2] == ["triton", "language"]]
+        _namespaces = [*modules, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base]
+    return _namespaces
 
 
 def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
@@ -321,14 +330,11 @@ def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
-        with contextlib.suppress(ImportError):
-            # Gluon checks, when first imported, that the library functions are compiled ones.
-            import triton.experimental.gluon  # noqa: F401
         twins: dict[int, Any] = {}
         _library_swaps = [
             (o, a, f, twins.setdefault(id(f), InterpretedFunction(f.fn)))
             for o in _language_namespaces()
-            for a, f in list(vars(o).items())
+            for a, f in vars(o).copy().items()
             if isinstance(f, JITFunction)
         ]
     return _library_swaps
@@ -340,7 +346,7 @@ def _restore_namespaces(saved: list[tuple[Any, dict[str, Any]]]) -> None:
     the `interpreter_semantic` the interpreter gives the modules of the functions it has
     rewritten, which those rewritten functions keep using."""
     for owner, before in saved:
-        for name, value in list(vars(owner).items()):
+        for name, value in vars(owner).copy().items():
             if name not in before:
                 if isinstance(owner, type):
                     delattr(owner, name)
@@ -370,7 +376,7 @@ def interpreter_library() -> Iterator[None]:
     interpreter itself patches `triton.language` while a kernel runs."""
     with _library_lock:
         swaps = _compiled_library_functions()
-        saved = [(owner, dict(vars(owner))) for owner in _language_namespaces()]
+        saved = [(owner, vars(owner).copy()) for owner in _language_namespaces()]
         for owner, attr, _, twin in swaps:
             setattr(owner, attr, twin)
         try:
