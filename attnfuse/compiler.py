@@ -75,8 +75,9 @@ def compile_module(
     its forward, or with `direction="bwd"` its backward (attn-autodiff first) for the
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
     `launch(*args, out, lse, dout)` returns them in that order.
-    `options` are the pipeline's (gluon, gluon_head_dims, rope_mode, block_m, block_n,
-    num_warps, num_stages, causal_split). The module is verified first, dominance included; invalid IR raises
+    `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len,
+    gluon_min_len_transformed, approx_tanh, rope_mode, block_m, block_n, num_warps,
+    num_stages, causal_split). The module is verified first, dominance included; invalid IR raises
     `AttnFuseError`.
 
     Per-stage IR dump: with `dump_ir=<folder>`, or with the environment variable

@@ -492,7 +492,7 @@ class BackwardLowering(Lowering):
                     q_pos = ib.add(offs_m, shift, hint="q_pos")
                     docs = {a: ib.col(t) for a, t in self.doc_ids(ib, p, b_off, q_pos, row_ok).items()}
                     valid = ib.and_(ib.row(kv_ok), ib.col(row_ok))
-                    ctx = ScoreCtx(b, h, b_off, ib.col(q_pos), kv_idx, ib.row(kv_ok), valid, docs)
+                    ctx = ScoreCtx(b, h, b_off, ib.col(q_pos), kv_idx, ib.row(kv_ok), valid, docs, self.fast_tanh)
                     env: dict[SSAValue, SSAValue] = {}
                     s = self.score_ops(ib, p, s, ctx, masked, env)
                     lse = self.row_stat(ib, lse_ptr, row_base, offs_m, row_ok, POS_INF, "lse")
@@ -592,7 +592,7 @@ class BackwardLowering(Lowering):
                     valid = ib.and_(ib.row(row_ok), kv_ok_col)
                 else:
                     kv_ok_col = valid = ib.row(row_ok)
-                ctx = ScoreCtx(b, h, b_off, q_idx, ib.col(offs_n), kv_ok_col, valid, docs)
+                ctx = ScoreCtx(b, h, b_off, q_idx, ib.col(offs_n), kv_ok_col, valid, docs, self.fast_tanh)
                 env: dict[SSAValue, SSAValue] = {}
                 s = self.score_ops(ib, p, s, ctx, masked, env)
                 if kv_ok is not None:

@@ -43,7 +43,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
-from attnfuse.passes.kernel_path import GLUON, GLUON_BLOCK, gluon_rotates_q, kernel_path
+from attnfuse.passes.kernel_path import GLUON, GLUON_BLOCK, gluon_rotates_q, kernel_path, uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_bounds, kv_segments
 from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
@@ -139,8 +139,8 @@ class ScoreCtx:
     doc_q: dict[SSAValue, SSAValue]
     """The queries' ids of each document mask, by its ids argument, [BLOCK_M, 1]."""
     fast_tanh: bool = False
-    """tanh (softcap, regions) by the approximate instruction `tl.fast_tanh`: the sm90 Gluon
-    kernel's score functions (not interpretable; 1.5x faster softcap there, measured)."""
+    """tanh (softcap, regions) by the approximate instruction `tl.fast_tanh` (kernel-path's
+    `tanh = "approx"`; not interpretable)."""
 
 
 @dataclass
@@ -225,6 +225,8 @@ class Lowering:
         qs, ks, vs = chains.q_type.get_shape(), chains.k_type.get_shape(), chains.v_type.get_shape()
         self.hq, self.hkv, self.d, self.dv = qs[1], ks[1], qs[3], vs[3]
         self.dtype = chains.q_type.get_element_type()
+        self.fast_tanh = uses_approx_tanh(chains.func)
+        """tanh by the approximate instruction (kernel-path's choice)."""
         self.kdtype = chains.k_type.get_element_type()
         self.vdtype = chains.v_type.get_element_type()
         self.dpad = pow2(self.d)
@@ -461,7 +463,7 @@ class Lowering:
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")
         doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, fast_tanh=True)
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, self.fast_tanh)
         out = self.score_ops(kb, p, s, ctx, masked)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
@@ -657,7 +659,7 @@ class Lowering:
             valid = ib.and_(ib.row(qb.row_ok), kv_ok_col)
         else:
             kv_ok_col = valid = ib.row(qb.row_ok)
-        ctx = ScoreCtx(qb.b, qb.h, qb.b_off, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q)
+        ctx = ScoreCtx(qb.b, qb.h, qb.b_off, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q, self.fast_tanh)
         s = self.score_ops(ib, p, s, ctx, masked)
         if not self.log2e_folded:
             s = ib.mul(s, LOG2E, hint="s2")

@@ -10,6 +10,12 @@ a multiple of 128 or below `min-len`, unaligned data).
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 backward, a head dim or dtype the Gluon kernel does not take or is not faster for).
 
+`tanh = "approx"` (either path): the variant's tanh (a softcap, `math.tanh` in a region, in the
+forward and in the backward's recomputation of the scores) runs as the GPU's approximate
+instruction (`tl.fast_tanh`, `tanh.approx.f32`, relative error about 2^-11, as FlashAttention's
+softcap) instead of 2·sigmoid(2x) - 1. Chosen for bf16/f16 kernels compiled for a GPU (never for
+the interpreter, which cannot run it, nor for f32 inputs), unless `approx-tanh=false`.
+
 What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), any forward
 variant: a causal mask or none it applies itself; other masks, biases, softcap and score_mod
 reach it as generated functions (convert-attn-to-tl's `tl.device_fn`s: the KV range and the
@@ -32,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.dialects import math
 from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 
@@ -85,6 +92,17 @@ def gluon_rotates_q(v: AttentionChains) -> bool:
     return plain and rope.style.data.value == "half" and rope.rotary_dim.value.data == d
 
 
+def computes_tanh(f: object) -> bool:
+    """Whether function `f` computes a tanh: a softcap, or `math.tanh` in a region."""
+    return any(isinstance(o, attn.SoftcapOp | math.TanhOp) for o in f.walk())  # type: ignore[attr-defined]
+
+
+def uses_approx_tanh(f: object) -> bool:
+    """Whether this pass chose the approximate tanh instruction for function `f`."""
+    entry = getattr(f, "attributes", {}).get("attn.kernel_path")
+    return isinstance(entry, DictionaryAttr) and entry.data.get("tanh") == StringAttr("approx")
+
+
 def kernel_path(f: object) -> tuple[str, int]:
     """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
     attrs = getattr(f, "attributes", {})
@@ -99,7 +117,8 @@ class KernelPathPass(ModulePass):
     """Choose, per forward function, the kernel that computes its attention: the sm90 Gluon
     kernel where it takes the variant, else the generic Triton kernel. Marks the function
     with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
-    reason = "..."}`."""
+    reason = "..."}`, plus `tanh = "approx"` where the variant's tanh runs as the GPU's
+    approximate instruction."""
 
     name = "kernel-path"
 
@@ -119,6 +138,9 @@ class KernelPathPass(ModulePass):
     kernel (all but QK-norm and a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
     such calls were host-bound on the H200's host, 0.69-0.77x the generic kernel in one of three
     runs (1.17-1.20x in the other two)."""
+    approx_tanh: bool = True
+    """tanh (softcap, `math.tanh`) by the GPU's approximate instruction in bf16/f16 kernels
+    for a GPU; false: 2·sigmoid(2x) - 1 (exact to f32 rounding) everywhere."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
@@ -140,4 +162,7 @@ class KernelPathPass(ModulePass):
                 entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
             else:
                 entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
+            half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
+            if self.approx_tanh and sm > 0 and half and computes_tanh(f):
+                entry["tanh"] = StringAttr("approx")
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)

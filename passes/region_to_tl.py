@@ -38,8 +38,8 @@ class RegionEnv:
     """The (query, key) pairs in range: the mask of a load indexed by a tile (None: all are,
     as in the sm90 Gluon kernel's score functions)."""
     fast_tanh: bool = False
-    """tanh by the GPU's approximate instruction (`tl.fast_tanh`; the sm90 Gluon kernel's score
-    functions, which the interpreter never runs)."""
+    """tanh by the GPU's approximate instruction (`tl.fast_tanh`; kernel-path's `tanh =
+    "approx"`, never in an interpreted kernel)."""
 
 
 RegionLowering = Callable[[KernelBuilder, Operation, list[SSAValue], RegionEnv], SSAValue]

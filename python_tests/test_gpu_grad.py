@@ -54,20 +54,20 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gpu_grad_kernels")
 
 
-def check_gradients(ir: str, args: list[torch.Tensor], folder: Path, nq: int) -> None:
-    """Forward and backward kernels on CUDA copies of `args`; the output and every gradient
-    against the reference on `args` (float64, autograd)."""
+def check_gradients(ir: str, args: list[torch.Tensor], folder: Path, nq: int, **options) -> tuple[str, str]:
+    """Forward and backward kernels (compiled with the pipeline's `options`) on CUDA copies of
+    `args`; the output and every gradient against the reference on `args` (float64,
+    autograd). Returns both kernels' sources."""
     dtype = args[0].dtype
     module = parse_module(ir)
     func = next(iter(module.ops))
     wrt = tuple(sorted(differentiable_args(analyse(func))))  # type: ignore[arg-type]
     sm = device_sm()
-    fwd = load_source(compile_module(module, sm=sm, seq_len=args[1].shape[2]).source, folder, interpret=False)
-    bwd = load_source(
-        compile_module(module, sm=sm, seq_len=args[1].shape[2], direction="bwd", wrt=wrt).source,
-        folder,
-        interpret=False,
+    sources = (
+        compile_module(module, sm=sm, seq_len=args[1].shape[2], **options).source,
+        compile_module(module, sm=sm, seq_len=args[1].shape[2], direction="bwd", wrt=wrt, **options).source,
     )
+    fwd, bwd = (load_source(s, folder, interpret=False) for s in sources)
     cuda = [a.cuda() for a in args]
     out, lse = fwd.launch(*cuda)
     dout = randn(*out.shape, dtype=dtype, seed=99).cuda()
@@ -84,6 +84,7 @@ def check_gradients(ir: str, args: list[torch.Tensor], folder: Path, nq: int) ->
         assert torch.isfinite(g).all(), f"gradient of argument {i}: non-finite values"
         err = ((g - r).norm() / r.norm()).item()
         assert err < GRAD_TOL[dtype], f"gradient of argument {i}: relative L2 error {err:.2e}"
+    return sources
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -96,6 +97,23 @@ def test_family_gradients(family: str, dtype_name: str, folder: Path) -> None:
     q, k, v = (randn(*s, dtype=dtype, seed=i) for i, s in enumerate([(B, HQ, n, D), (B, HKV, n, D), (B, HKV, n, D)]))
     extras = make_extras(dtype, n) if make_extras else []
     check_gradients(ir, [q, k, v, *extras], folder, n)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("approx", [True, False], ids=["approx", "exact"])
+@pytest.mark.parametrize("family", ["softcap", "score_mod"])
+def test_tanh_both_ways(family: str, approx: bool, dtype_name: str, folder: Path) -> None:
+    """A softcap and a score_mod's tanh on scores large enough to bend (q and k scaled by 2),
+    forward and backward, by the approximate instruction (kernel-path's default for bf16 and
+    fp16 on a GPU) and by the exact form (`approx_tanh=False`): both within the tolerances."""
+    dtype = DTYPES[dtype_name]
+    pieces, _ = CASES[family]
+    n = 300
+    ir = build_ir(dtype_name, **pieces)
+    q, k, v = (randn(*s, dtype=dtype, seed=i) for i, s in enumerate([(B, HQ, n, D), (B, HKV, n, D), (B, HKV, n, D)]))
+    q, k = (x * 2 for x in (q, k))
+    sources = check_gradients(ir, [q, k, v], folder, n, approx_tanh=approx)
+    assert all(("_fast_tanh(" in s) is approx for s in sources)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

@@ -34,8 +34,6 @@ benchmarks/gluon/, "v4"): one CTA per 128-row Q tile, heaviest causal tiles laun
 import functools
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -50,13 +48,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # fmt: off
 _GL_BLOCK = 128
 _GL_LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _fast_tanh(x):
-    """tanh(x) by `tanh.approx.f32` (one instruction, relative error about 2^-11): the softcap of
-    the generated score functions (tl.fast_tanh)."""
-    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit

@@ -37,6 +37,15 @@ import triton.language as tl
 '''
 """The start of every generated module, before the prelude's code."""
 
+FAST_TANH = '''
+
+@triton.jit
+def _fast_tanh(x):
+    """tanh(x) by `tanh.approx.f32` (one instruction, relative error about 2^-11): tl.fast_tanh."""
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+'''
+"""The device function of `tl.fast_tanh`, after the prelude in modules that use it."""
+
 
 @functools.cache
 def prelude_source() -> str:
@@ -155,6 +164,8 @@ class TritonPrinter:
                         )
         self.out.write(HEADER)
         self.out.write(prelude_source())
+        if any(isinstance(op, tl.FastTanhOp) for op in module.walk()):
+            self.out.write(FAST_TANH)
         if any(isinstance(op, tl.GluonAttentionOp) for op in module.walk()):
             self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_sm90.py).\n")
             self.out.write(gluon_source())

@@ -4,12 +4,21 @@
 // RoPE and QK-norm applied in it; gpt-oss's head dim 64 keeps it on the generic kernel.)
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON,LLAMA
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GLUON,HOOKS,HCAP
+// Without the approximate tanh, softcap is 2·sigmoid(2x/cap) - 1 in both kernels:
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p 'attnfuse-pipeline{approx-tanh=false}' -t triton | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,QWEN
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GLUON,HOOKS,HALIBI
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GENERIC
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/packed_documents.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,DOC,GLUON,HOOKS,HDOC
 
 // GENERIC-NOT: gluon
+// CAP:        def _fast_tanh(x):
+// CAP-NEXT:     """tanh(x) by `tanh.approx.f32`
+// EXACT-NOT:  _fast_tanh
+// EXACT:      def attn_fwd(
+// EXACT:        tl.sigmoid(
+// EXACT:      def gluon_score(
+// EXACT:        tl.sigmoid(
 // GLUON:      def attn_fwd_sm90(
 // GLUON:      def _gluon_attention(
 // PRE:        def rotate_k(
@@ -21,7 +30,7 @@
 // DOC:        doc_q = tl.load(
 // ALL:        for start_n in range(
 // ALL:        tl.dot(
-// CAP:        tl.sigmoid(
+// CAP:        _fast_tanh(
 // ALIBI:      slope = tl.load(
 // ALL:        tl.exp2(
 // SINK:       sink = tl.load(
