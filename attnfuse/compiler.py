@@ -76,7 +76,7 @@ def compile_module(
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
     `launch(*args, out, lse, dout)` returns them in that order.
     `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len,
-    gluon_min_len_transformed, approx_tanh, rope_mode, block_m, block_n, num_warps,
+    gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps,
     num_stages, causal_split). The module is verified first, dominance included; invalid IR raises
     `AttnFuseError`.
 

@@ -19,7 +19,7 @@ from attnfuse.passes.analysis import check_sm
 from attnfuse.passes.attn_autodiff import AttnAutodiffPass
 from attnfuse.passes.causal_split import CausalSplitPass
 from attnfuse.passes.convert_attn_to_tl import ConvertAttnToTlPass
-from attnfuse.passes.kernel_path import GLUON_HEAD_DIMS, KernelPathPass
+from attnfuse.passes.kernel_path import GLUON_HEAD_DIMS, KernelPathPass, TanhMode
 from attnfuse.passes.rope_fusion import RopeFusionPass, RopeMode
 from attnfuse.passes.tiling import TilingPass
 
@@ -52,9 +52,9 @@ class AttnFusePipelinePass(ModulePass):
     """kernel-path's min-len: the shortest sequence the Gluon kernel runs (no Q transforms)."""
     gluon_min_len_transformed: int = KernelPathPass.min_len_transformed
     """kernel-path's min-len-transformed: the same for a variant with Q transforms."""
-    approx_tanh: bool = True
-    """kernel-path's approx-tanh: a softcap's or region's tanh by the GPU's approximate
-    instruction in bf16/f16 kernels for a GPU (false: the exact form)."""
+    tanh: TanhMode = "auto"
+    """kernel-path's tanh: a softcap's or region's tanh by the GPU's approximate instruction in
+    the Gluon kernel (auto), in every GPU kernel (approx) or nowhere (exact)."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -84,7 +84,7 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             head_dims=tuple(o.gluon_head_dims),
             min_len=o.gluon_min_len,
             min_len_transformed=o.gluon_min_len_transformed,
-            approx_tanh=o.approx_tanh,
+            tanh=o.tanh,
         ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),

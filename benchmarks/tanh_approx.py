@@ -1,12 +1,12 @@
 """The generic Triton kernel's tanh (softcap) by the GPU's approximate instruction against the
-exact form, forward and backward, on the GPU, in one process (kernel-path's `approx-tanh`).
+exact form, forward and backward, on the GPU, in one process (kernel-path's `tanh` option).
 
     python benchmarks/tanh_approx.py --out DIR [--ns 2048,4096,8192]
 
 A Gemma-2 style softcap (cap 50) with a causal mask at three shapes, on the generic kernel
 (`gluon=false`): the paper shape (B 4, H 12, D 64, fp16), Gemma-2-9B's attention (B 1, Hq 16,
 Hkv 8, D 256, bf16: the Gluon kernel does not take head dim 256) and Llama-3-8B's (B 1, Hq 32,
-Hkv 8, D 128, bf16). Each variant is compiled twice (`approx_tanh` true and false), forward
+Hkv 8, D 128, bf16). Each variant is compiled twice (`tanh="approx"` and `tanh="exact"`), forward
 (`launch(q, k, v)`) and backward (`launch(q, k, v, out, lse, dout)`), and timed as do_bench
 medians. Accuracy: out, dq, dk and dv of both against a float32 formula (the largest error
 relative to the reference's largest magnitude), at the shortest N only.
@@ -69,11 +69,11 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref).abs().max() / ref.abs().max()).item()
 
 
-def kernels(ir: str, sm: int, n: int, approx: bool):
+def kernels(ir: str, sm: int, n: int, tanh: str):
     """The forward and backward modules of `ir` on the generic kernel."""
     return tuple(
         load_source(
-            compile_module(parse_module(ir), sm=sm, seq_len=n, direction=d, gluon=False, approx_tanh=approx).source,
+            compile_module(parse_module(ir), sm=sm, seq_len=n, direction=d, gluon=False, tanh=tanh).source,
             C.source_dir(),
             interpret=False,
         )
@@ -92,10 +92,10 @@ def measure(shape: str, n: int, sm: int, accuracy: bool) -> dict:
     )
     row: dict = {"shape": shape, "n": n}
     results = {}
-    for impl, approx in (("approx", True), ("exact", False)):
-        fwd, bwd = kernels(variant_ir(SHAPES[shape]), sm, n, approx)
-        if approx != hasattr(fwd, "_fast_tanh"):
-            raise SystemExit(f"{shape}: approx_tanh={approx} but the module {'lacks' if approx else 'has'} _fast_tanh")
+    for impl in ("approx", "exact"):
+        fwd, bwd = kernels(variant_ir(SHAPES[shape]), sm, n, impl)
+        if (impl == "approx") != hasattr(fwd, "_fast_tanh"):
+            raise SystemExit(f"{shape}: tanh={impl} but the module {'lacks' if impl == 'approx' else 'has'} _fast_tanh")
         out, lse = fwd.launch(q, k, v)
         results[impl] = (out, *bwd.launch(q, k, v, out, lse, do))
         row[f"{impl}_fwd_ms"] = C.bench(lambda fwd=fwd, xs=(q, k, v): fwd.launch(*xs))

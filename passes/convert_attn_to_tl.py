@@ -225,8 +225,8 @@ class Lowering:
         qs, ks, vs = chains.q_type.get_shape(), chains.k_type.get_shape(), chains.v_type.get_shape()
         self.hq, self.hkv, self.d, self.dv = qs[1], ks[1], qs[3], vs[3]
         self.dtype = chains.q_type.get_element_type()
-        self.fast_tanh = uses_approx_tanh(chains.func)
-        """tanh by the approximate instruction (kernel-path's choice)."""
+        self.fast_tanh = uses_approx_tanh(chains.func, gluon=False)
+        """tanh by the approximate instruction in the generic kernels (kernel-path's choice)."""
         self.kdtype = chains.k_type.get_element_type()
         self.vdtype = chains.v_type.get_element_type()
         self.dpad = pow2(self.d)
@@ -463,7 +463,7 @@ class Lowering:
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")
         doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, self.fast_tanh)
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, uses_approx_tanh(self.chains.func, gluon=True))
         out = self.score_ops(kb, p, s, ctx, masked)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")

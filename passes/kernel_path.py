@@ -10,11 +10,15 @@ a multiple of 128 or below `min-len`, unaligned data).
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 backward, a head dim or dtype the Gluon kernel does not take or is not faster for).
 
-`tanh = "approx"` (either path): the variant's tanh (a softcap, `math.tanh` in a region, in the
-forward and in the backward's recomputation of the scores) runs as the GPU's approximate
-instruction (`tl.fast_tanh`, `tanh.approx.f32`, relative error about 2^-11, as FlashAttention's
-softcap) instead of 2·sigmoid(2x) - 1. Chosen for bf16/f16 kernels compiled for a GPU (never for
-the interpreter, which cannot run it, nor for f32 inputs), unless `approx-tanh=false`.
+`tanh = "approx"`: the variant's tanh (a softcap, `math.tanh` in a region) runs as the GPU's
+approximate instruction (`tl.fast_tanh`, `tanh.approx.f32`, relative error about 2^-11, as
+FlashAttention's softcap) instead of 2·sigmoid(2x) - 1, in every kernel of the function;
+`tanh = "approx-gluon"`: in the Gluon kernel's score functions only (its generic fallback keeps
+the exact form). Option `tanh`: `auto` (the default) gives approx-gluon where the Gluon kernel is
+chosen (there the approximate instruction measured 1.47-1.64x faster than the exact form; on the
+generic kernel it is not yet measured: `benchmarks/tanh_approx.py`); `approx` gives approx,
+forward and backward; `exact` neither. Never for the interpreter, which cannot run it, nor for
+f32 inputs.
 
 What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), any forward
 variant: a causal mask or none it applies itself; other masks, biases, softcap and score_mod
@@ -36,6 +40,7 @@ benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from xdsl.context import Context
 from xdsl.dialects import math
@@ -47,6 +52,8 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 
 GLUON = "gluon-sm90"
 TRITON = "triton"
+TanhMode = Literal["auto", "approx", "exact"]
+"""kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
 """Rows of the Gluon kernel's Q tiles and K/V blocks."""
 GLUON_HEAD_DIMS = (128,)
@@ -97,10 +104,13 @@ def computes_tanh(f: object) -> bool:
     return any(isinstance(o, attn.SoftcapOp | math.TanhOp) for o in f.walk())  # type: ignore[attr-defined]
 
 
-def uses_approx_tanh(f: object) -> bool:
-    """Whether this pass chose the approximate tanh instruction for function `f`."""
+def uses_approx_tanh(f: object, gluon: bool) -> bool:
+    """Whether this pass chose the approximate tanh instruction for function `f`'s Gluon
+    kernel functions (`gluon`) or for its generic kernels."""
     entry = getattr(f, "attributes", {}).get("attn.kernel_path")
-    return isinstance(entry, DictionaryAttr) and entry.data.get("tanh") == StringAttr("approx")
+    if not isinstance(entry, DictionaryAttr) or "tanh" not in entry.data:
+        return False
+    return entry.data["tanh"] == StringAttr("approx") or (gluon and entry.data["tanh"] == StringAttr("approx-gluon"))
 
 
 def kernel_path(f: object) -> tuple[str, int]:
@@ -117,8 +127,8 @@ class KernelPathPass(ModulePass):
     """Choose, per forward function, the kernel that computes its attention: the sm90 Gluon
     kernel where it takes the variant, else the generic Triton kernel. Marks the function
     with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
-    reason = "..."}`, plus `tanh = "approx"` where the variant's tanh runs as the GPU's
-    approximate instruction."""
+    reason = "..."}`, plus `tanh = "approx"` or `"approx-gluon"` where the variant's tanh
+    runs as the GPU's approximate instruction."""
 
     name = "kernel-path"
 
@@ -138,11 +148,13 @@ class KernelPathPass(ModulePass):
     kernel (all but QK-norm and a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
     such calls were host-bound on the H200's host, 0.69-0.77x the generic kernel in one of three
     runs (1.17-1.20x in the other two)."""
-    approx_tanh: bool = True
-    """tanh (softcap, `math.tanh`) by the GPU's approximate instruction in bf16/f16 kernels
-    for a GPU; false: 2·sigmoid(2x) - 1 (exact to f32 rounding) everywhere."""
+    tanh: TanhMode = "auto"
+    """A bf16/f16 variant's tanh on a GPU: `auto`, by the approximate instruction in the Gluon
+    kernel only; `approx`, in every kernel (forward and backward); `exact`, nowhere."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.tanh not in get_args(TanhMode):  # `-p` options are checked by xDSL; this checks Python callers
+            raise ValueError(f"kernel-path tanh must be one of {', '.join(get_args(TanhMode))}, got '{self.tanh}'")
         for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
             if value < 128:
                 raise ValueError(f"kernel-path {name} must be >= 128, got {value}")
@@ -163,6 +175,9 @@ class KernelPathPass(ModulePass):
             else:
                 entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
             half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
-            if self.approx_tanh and sm > 0 and half and computes_tanh(f):
-                entry["tanh"] = StringAttr("approx")
+            if sm > 0 and half and computes_tanh(f):
+                if self.tanh == "approx":
+                    entry["tanh"] = StringAttr("approx")
+                elif self.tanh == "auto" and reason is None:
+                    entry["tanh"] = StringAttr("approx-gluon")
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)

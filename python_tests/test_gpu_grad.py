@@ -104,15 +104,15 @@ def test_family_gradients(family: str, dtype_name: str, folder: Path) -> None:
 @pytest.mark.parametrize("family", ["softcap", "score_mod"])
 def test_tanh_both_ways(family: str, approx: bool, dtype_name: str, folder: Path) -> None:
     """A softcap and a score_mod's tanh on scores large enough to bend (q and k scaled by 2),
-    forward and backward, by the approximate instruction (kernel-path's default for bf16 and
-    fp16 on a GPU) and by the exact form (`approx_tanh=False`): both within the tolerances."""
+    forward and backward, by the approximate instruction in every kernel (kernel-path's
+    `tanh="approx"`) and by the exact form (`tanh="exact"`): both within the tolerances."""
     dtype = DTYPES[dtype_name]
     pieces, _ = CASES[family]
     n = 300
     ir = build_ir(dtype_name, **pieces)
     q, k, v = (randn(*s, dtype=dtype, seed=i) for i, s in enumerate([(B, HQ, n, D), (B, HKV, n, D), (B, HKV, n, D)]))
     q, k = (x * 2 for x in (q, k))
-    sources = check_gradients(ir, [q, k, v], folder, n, approx_tanh=approx)
+    sources = check_gradients(ir, [q, k, v], folder, n, tanh="approx" if approx else "exact")
     assert all(("_fast_tanh(" in s) is approx for s in sources)
 
 

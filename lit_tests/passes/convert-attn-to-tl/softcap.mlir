@@ -1,12 +1,13 @@
 // Softcap, cap·tanh(s / cap), in the generic kernel: by the approximate tanh instruction where
-// kernel-path chose it (bf16/f16 for a GPU), in the forward and in both backward kernels that
-// recompute the scores; as cap·(2·sigmoid(2s/cap) - 1) for the interpreter or approx-tanh=false.
+// kernel-path chose it (tanh=approx, bf16/f16 for a GPU), in the forward and in both backward
+// kernels that recompute the scores; else as cap·(2·sigmoid(2s/cap) - 1) (tanh=auto keeps the
+// approximate instruction for the Gluon kernel; the interpreter never gets it).
 
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80}' | filecheck %s --check-prefix=FWD
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0}' | filecheck %s --check-prefix=EXACT
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 approx-tanh=false}' | filecheck %s --check-prefix=EXACT
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 backward=true}' | filecheck %s --check-prefix=BWD
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 backward=true}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 tanh=approx}' | filecheck %s --check-prefix=FWD
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 tanh=approx}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 tanh=approx backward=true}' | filecheck %s --check-prefix=BWD
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 backward=true}' | filecheck %s --check-prefix=EXACT
 
 func.func @f(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x64xbf16>) -> tensor<?x4x?x64xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16> -> !attn.scores<4>

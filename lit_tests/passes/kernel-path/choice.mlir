@@ -9,10 +9,12 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len-transformed=512}' | filecheck %s --check-prefix=MINLEN
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
-// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 approx-tanh=false}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 tanh=exact}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 tanh=approx}' | filecheck %s --check-prefix=APPROX
 //
-// A variant with a tanh (softcap, math.tanh in a region) in bf16/f16 for a GPU, either kernel,
-// gets `tanh = "approx"`: not for the interpreter, f32 inputs or approx-tanh=false.
+// A variant with a tanh (softcap, math.tanh in a region) in bf16/f16 for a GPU gets
+// `tanh = "approx-gluon"` where the Gluon kernel is chosen (tanh=auto) or `tanh = "approx"` on
+// any kernel (tanh=approx): not for the interpreter, f32 inputs or tanh=exact.
 
 // Llama-3: RoPE (Q's in the Gluon kernel, K's pre-rotated), causal, GQA. Its plain RoPE adds
 // no launch, so the shortest length is min-len (2048), as without Q transforms.
@@ -91,8 +93,9 @@ func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: te
 
 // -----
 
-// CHECK:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, tanh = "approx"}}
-// SM80:   func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
+// CHECK:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, tanh = "approx-gluon"}}
+// SM80:   func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}}
+// APPROX: func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
 // INTERP: func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}}
 // EXACT:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
 func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
@@ -138,6 +141,7 @@ func.func @f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: tensor<
 // -----
 
 // CHECK:  func.func @tanh_f32({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "q, k and v are not all bf16 or all f16"}}
+// APPROX: func.func @tanh_f32({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}}
 func.func @tanh_f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: tensor<?x4x?x128xf32>) -> tensor<?x4x?x128xf32> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xf32>, tensor<?x4x?x128xf32> -> !attn.scores<4>
   %c = attn.softcap %s cap = 30.0 : !attn.scores<4>
@@ -148,9 +152,9 @@ func.func @tanh_f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: te
 
 // -----
 
-// A score_mod's math.tanh counts, on the generic kernel too.
-// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dims [256]: the Gluon kernel takes 64 or 128, the same for q, k and v", tanh = "approx"}}
-// EXACT:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dims [256]: the Gluon kernel takes 64 or 128, the same for q, k and v"}}
+// A score_mod's math.tanh counts; on the generic kernel only with tanh=approx.
+// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dims [256]: the Gluon kernel takes 64 or 128, the same for q, k and v"}}
+// APPROX: func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
 func.func @tanh_mod(%q: tensor<?x4x?x256xf16>, %k: tensor<?x4x?x256xf16>, %v: tensor<?x4x?x256xf16>) -> tensor<?x4x?x256xf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x256xf16>, tensor<?x4x?x256xf16> -> !attn.scores<4>
   %t = attn.score_mod %s {

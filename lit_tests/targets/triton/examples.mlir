@@ -4,8 +4,10 @@
 // RoPE and QK-norm applied in it; gpt-oss's head dim 64 keeps it on the generic kernel.)
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON,LLAMA
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GLUON,HOOKS,HCAP
-// Without the approximate tanh, softcap is 2·sigmoid(2x/cap) - 1 in both kernels:
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p 'attnfuse-pipeline{approx-tanh=false}' -t triton | filecheck %s --check-prefix=EXACT
+// Gemma 2's softcap: tanh.approx in the Gluon kernel's functions (tanh=auto), in both kernels
+// with tanh=approx, in neither with tanh=exact (2·sigmoid(2x/cap) - 1):
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p 'attnfuse-pipeline{tanh=approx}' -t triton | filecheck %s --check-prefix=APPROX
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p 'attnfuse-pipeline{tanh=exact}' -t triton | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,QWEN
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GLUON,HOOKS,HALIBI
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GENERIC
@@ -19,6 +21,10 @@
 // EXACT:        tl.sigmoid(
 // EXACT:      def gluon_score(
 // EXACT:        tl.sigmoid(
+// APPROX:     def attn_fwd(
+// APPROX-NOT:   tl.sigmoid(
+// APPROX:       _fast_tanh(
+// APPROX:     def gluon_score(
 // GLUON:      def attn_fwd_sm90(
 // GLUON:      def _gluon_attention(
 // PRE:        def rotate_k(
@@ -30,7 +36,7 @@
 // DOC:        doc_q = tl.load(
 // ALL:        for start_n in range(
 // ALL:        tl.dot(
-// CAP:        _fast_tanh(
+// CAP:        tl.sigmoid(
 // ALIBI:      slope = tl.load(
 // ALL:        tl.exp2(
 // SINK:       sink = tl.load(
