@@ -25,6 +25,8 @@
 #             floor, a profile; ~1 minute)
 #   gluon     gluon/attention_sm90.py   (the hand-written Gluon kernels v1-v4 vs cuDNN / flash, each in a
 #             supervised subprocess; ~2-4 minutes)
+#   tanh      tanh_approx.py            (the generic kernel's softcap, tanh=approx vs tanh=exact, forward and
+#             backward, three shapes, N 2048..8192, errors against float32; ~2-4 minutes, not yet run)
 #   cptests   pytest -m gpu python_tests/test_distributed_gpu.py (2 GPUs, NCCL: context parallelism's
 #             sharded output and gradients against the full sequence; ~1 minute)
 #   cp        torchrun --nproc-per-node 2 bench_cp.py (2 GPUs: one Llama-3-8B attention layer fwd+bwd at
@@ -123,6 +125,11 @@ for step in "${steps[@]}"; do
       timeout -k 10 "$t" python3 benchmarks/gluon/attention_sm90.py --out "$RESULTS/gluon" --budget-s $(( t - 20 )) \
         || status=1
       ;;
+    tanh)
+      t=$(budget 300)
+      [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
+      timeout -k 10 "$t" python3 benchmarks/tanh_approx.py --out "$RESULTS/tanh" || status=1
+      ;;
     cptests)
       t=$(budget 150)
       [ "$t" -lt 30 ] && { echo "no time left for $step"; continue; }
@@ -144,7 +151,7 @@ for step in "${steps[@]}"; do
         --out "$RESULTS/fsdp" --budget-s $(( t - 110 )) ${EXTRA_FSDP_ARGS:-} || status=1
       ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, host, gluon, cptests, cp, fsdp)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, host, gluon, tanh, cptests, cp, fsdp)"; status=2
       ;;
   esac
 done
