@@ -140,7 +140,7 @@ class ScoreCtx:
     """The queries' ids of each document mask, by its ids argument, [BLOCK_M, 1]."""
     fast_tanh: bool = False
     """tanh (softcap, regions) by the approximate instruction `tl.fast_tanh` (kernel-path's
-    `tanh = "approx"`; not interpretable)."""
+    `tanh` choice, `uses_approx_tanh`; never in an interpreted kernel)."""
 
 
 @dataclass

@@ -393,8 +393,9 @@ class SigmoidOp(UnaryOp):
 @irdl_op_definition
 class FastTanhOp(UnaryOp):
     """`_fast_tanh(x)`: tanh by the GPU's approximate instruction (`tanh.approx.f32`, relative
-    error about 2^-11), where kernel-path chose it (`tanh = "approx"`). It is inline PTX, which
-    the Triton interpreter cannot run; the printer defines `_fast_tanh` in modules that use it."""
+    error about 2^-11), where kernel-path chose it (`tanh = "approx"` or `"approx-gluon"`). It is
+    inline PTX, which the Triton interpreter cannot run; the printer defines `_fast_tanh` in
+    modules that use it."""
 
     name = "tl.fast_tanh"
     FUNCTION: ClassVar[str] = "_fast_tanh"
