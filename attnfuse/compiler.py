@@ -6,7 +6,7 @@ import hashlib
 import io
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from xdsl.context import Context
@@ -76,9 +76,10 @@ def compile_module(
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
     `launch(*args, out, lse, dout)` returns them in that order.
     `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len,
-    gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps,
-    num_stages, causal_split). The module is verified first, dominance included; invalid IR raises
-    `AttnFuseError`.
+    gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps, num_stages,
+    causal_split); another name is an `AttnFuseError` that lists them, a bad value the stage's
+    `ValueError` naming the option. The module is verified first, dominance included; invalid
+    IR raises `AttnFuseError`.
 
     Per-stage IR dump: with `dump_ir=<folder>`, or with the environment variable
     `ATTNFUSE_DUMP_IR=<folder>`, every stage's IR is written as it is produced (so a
@@ -96,6 +97,10 @@ def compile_module(
         raise AttnFuseError(f"invalid attn IR:\n{e}") from e
     if direction not in ("fwd", "bwd"):
         raise AttnFuseError(f"compile_module direction must be 'fwd' or 'bwd', got {direction!r}")
+    known = {f.name for f in fields(AttnFusePipelinePass)} - {"sm", "seq_len", "backward", "wrt"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise AttnFuseError(f"compile_module got unknown pipeline options {unknown}; it takes {sorted(known)}")
     if direction == "bwd":
         options = {**options, "backward": True, "wrt": tuple(wrt)}
     module = module.clone()

@@ -306,3 +306,19 @@ def test_variant_function_signature():
         af.variant(lambda q, k: None)
     with pytest.raises(af.AttnFuseError, match=r"plain positional parameters"):
         af.variant(lambda q, k, v, *extras: None)
+
+
+def test_compile_module_options():
+    """An unknown pipeline option is an AttnFuseError that names it and lists the known ones; a
+    bad value is the stage's error naming the option."""
+    from kernel_harness import variant
+
+    from attnfuse.compiler import compile_module
+    from attnfuse.ir import parse_module
+
+    module = parse_module(variant(dtype=torch.float16, hq=2, hkv=2, d=16))
+    with pytest.raises(af.AttnFuseError, match=r"unknown pipeline options \['tahn'\]; it takes \[.*'tanh'"):
+        compile_module(module, sm=90, tahn="approx")
+    with pytest.raises(ValueError, match="kernel-path tanh must be one of auto, approx, exact, got 'fast'"):
+        compile_module(module, sm=90, tanh="fast")
+    assert "_fast_tanh" not in compile_module(module, sm=90, tanh="approx").source  # no tanh to approximate
