@@ -24,8 +24,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import traceback
+import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,37 +156,49 @@ def child(rank: int, world: int, init_file: str, out: str) -> None:
     except BaseException:
         results = {"failure": traceback.format_exc()}
     torch.save(results, out)
+    dist.barrier()  # neither rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- the tests
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict[str, Any]]:
-    """Run the two children (while this process computes nothing: 2 cores) and load their results."""
-    tmp = tmp_path_factory.mktemp("distributed")
+def run_ranks(tmp: Path) -> tuple[list[subprocess.Popen], list[str], list[Path]]:
+    """Start the WORLD children in folder `tmp` and wait for them (all of them stop as soon as one
+    fails): (processes, logs, result files)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "ATTNFUSE_CACHE_DIR": str(tmp / "cache")}
     init, outs = tmp / "init", [tmp / f"rank{r}.pt" for r in range(WORLD)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(WORLD), str(init), str(outs[r])],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
+    log_files = [tmp / f"rank{r}.log" for r in range(WORLD)]
+    procs = []
+    for r in range(WORLD):
+        with open(log_files[r], "w") as log:
+            cmd = [sys.executable, __file__, str(r), str(WORLD), str(init), str(outs[r])]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
     try:
-        for p in procs:
-            logs.append(p.communicate(timeout=CHILD_TIMEOUT_S)[0])
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # the others would wait for it until gloo's timeout
+            time.sleep(0.1)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+    return procs, [f.read_text() for f in log_files], outs
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict[str, Any]]:
+    """Run the two children (while this process computes nothing: 2 cores) and load their results.
+    A pair in which a child died of a signal runs once more: once in CI a child aborted inside
+    torch's gloo ("terminate called without an active exception", no Python traceback), which
+    did not happen again in seven reruns. A Python failure, or a second death, fails the tests."""
+    procs, logs, outs = run_ranks(tmp_path_factory.mktemp("distributed"))
+    if any(p.returncode is not None and p.returncode < 0 for p in procs):
+        died = [f"rank {r}: {p.returncode}" for r, p in enumerate(procs) if p.returncode]
+        warnings.warn(f"a distributed child died of a signal ({', '.join(died)}); running the pair again", stacklevel=1)
+        procs, logs, outs = run_ranks(tmp_path_factory.mktemp("distributed"))
     results = []
     for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0 and outs[r].exists(), f"rank {r} exited with {p.returncode}:\n{log[-3000:]}"
