@@ -147,3 +147,33 @@ def check(ir: str, args: Sequence[torch.Tensor], folder: Path, *, atol: float | 
     # Rows with every score masked have lse -inf on both sides.
     torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=tol)
     return source
+
+
+def compile_for_sm90(kernel, args: Sequence, kwargs: dict | None = None, **options):
+    """Compile the `@triton.jit` or Gluon `kernel` for sm 90 on the CPU (Triton's compiler and
+    ptxas, no driver) as a launch with these arguments would: Triton's own types for them,
+    constexpr parameters and constants (None, integers equal to 1, in tuples too) folded in.
+    `options`: the compiler's (num_warps, num_stages)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    from triton.runtime.jit import mangle_type
+
+    values = dict(zip(kernel.arg_names, args, strict=False)) | (kwargs or {})
+    signature, constexprs = {}, {}
+
+    def type_of(path: tuple[int, ...], value):
+        if isinstance(value, tuple):
+            return tuple(type_of((*path, j), x) for j, x in enumerate(value))
+        kind = "constexpr" if path[0] in kernel.constexprs else mangle_type(value)
+        if kind == "constexpr":
+            constexprs[path] = value
+        return kind
+
+    for i, name in enumerate(kernel.arg_names):
+        signature[name] = type_of((i,), values[name])
+    source = (GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource)(
+        kernel, signature, constexprs=constexprs
+    )
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-from kernel_harness import variant
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import mangle_type
+from kernel_harness import compile_for_sm90, variant
 
 from attnfuse.cache import load_source
 from attnfuse.compiler import compile_module
@@ -41,17 +37,7 @@ def compiled_kernels(source: str, folder, args: tuple) -> dict[str, str]:
     module.launch(*args)
     ptx = {}
     for kernel, num_warps, num_stages, a in calls:
-        signature, constexprs = {}, {}
-        for i, (name, value) in enumerate(zip(kernel.arg_names, a, strict=True)):
-            if i in kernel.constexprs:
-                signature[name], constexprs[(i,)] = "constexpr", value
-            else:
-                signature[name] = mangle_type(value)
-        binary = triton.compile(
-            ASTSource(kernel, signature, constexprs=constexprs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": num_warps, "num_stages": num_stages},
-        )
+        binary = compile_for_sm90(kernel, a, num_warps=num_warps, num_stages=num_stages)
         ptx[kernel.__name__] = binary.asm["ptx"]
     return ptx
 

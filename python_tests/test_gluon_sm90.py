@@ -9,10 +9,7 @@ import ast
 
 import pytest
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
+from kernel_harness import compile_for_sm90
 
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
@@ -30,27 +27,6 @@ class _Capture:
 
     def __getitem__(self, grid: tuple):
         return lambda *args, **kwargs: self.calls.append((args, kwargs))
-
-
-def _compile_for_sm90(kernel, args: tuple, kwargs: dict):
-    """Compile the Gluon `kernel` for sm 90 on the CPU (Triton's compiler and ptxas, no driver)
-    as a launch with these arguments would: Triton's own types for them, constants (None,
-    integers equal to 1, in tuples too) folded in."""
-    values = dict(zip(kernel.arg_names, args, strict=False)) | kwargs
-    signature, constexprs = {}, {}
-
-    def type_of(path: tuple[int, ...], value):
-        if isinstance(value, tuple):
-            return tuple(type_of((*path, j), x) for j, x in enumerate(value))
-        kind = "constexpr" if path[0] in kernel.constexprs else mangle_type(value)
-        if kind == "constexpr":
-            constexprs[path] = value
-        return kind
-
-    for i, name in enumerate(kernel.arg_names):
-        signature[name] = type_of((i,), values[name])
-    source = GluonASTSource(kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": kwargs["num_warps"]})
 
 
 def _check_sm90_binary(kernel) -> None:
@@ -73,7 +49,7 @@ def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool,
     gluon_sm90._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * 256), 0.125, causal)
     ((args, kwargs),) = capture.calls
     monkeypatch.undo()
-    _check_sm90_binary(_compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs))
+    _check_sm90_binary(compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"]))
 
 
 # Score ops the generic kernel's lowering also gives the Gluon kernel, as generated functions.
@@ -129,7 +105,7 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     assert (launch_args[5] is not None) is sink  # sink_ptr
     assert (launch_args[6] is not None) is bool(rope)  # cos_ptr
     assert (launch_args[9] is not None) is ("qknorm" in family)  # qn_eps
-    _check_sm90_binary(_compile_for_sm90(real, launch_args, kwargs))
+    _check_sm90_binary(compile_for_sm90(real, launch_args, kwargs, num_warps=kwargs["num_warps"]))
 
 
 def _qkv(nq: int, nk: int, offset: int = 0) -> list[torch.Tensor]:
