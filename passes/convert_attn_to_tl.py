@@ -227,6 +227,8 @@ class Lowering:
         self.dtype = chains.q_type.get_element_type()
         self.fast_tanh = uses_approx_tanh(chains.func, gluon=False)
         """tanh by the approximate instruction in the generic kernels (kernel-path's choice)."""
+        self.gluon_fast_tanh = uses_approx_tanh(chains.func, gluon=True)
+        """The same in the Gluon kernel's score functions."""
         self.kdtype = chains.k_type.get_element_type()
         self.vdtype = chains.v_type.get_element_type()
         self.dpad = pow2(self.d)
@@ -463,7 +465,7 @@ class Lowering:
         h = kb.rem(off_hz, self.hq, hint="h")
         b_off = kb.cast(b, i64, hint="b_off")
         doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, uses_approx_tanh(self.chains.func, gluon=True))
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, self.gluon_fast_tanh)
         out = self.score_ops(kb, p, s, ctx, masked)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
