@@ -154,9 +154,11 @@ class BackwardLowering(Lowering):
         self.need_dv = self.plan.needs(chains.pv.results[1])
         self.guard = any(isinstance(op, attn.ScoreMulOp) for op in self.plan.score_grads)
         self.log2e_folded = all(isinstance(op, attn.ScaleOp | attn.MaskOp) for op in chains.score_ops)
-        """Every score op is linear (or a mask): LOG2E is folded into the scaled K / Q tile,
-        so the scores come out in base 2 for exp2, as the forward's `log2e_folded`."""
-        self.tile_scale = self.scale * (LOG2E if self.log2e_folded else 1.0)
+        """Every score op is linear (or a mask): LOG2E joins the scores' scale, so the scores
+        come out in base 2 for exp2, as the forward's `log2e_folded`."""
+        self.score_scale = self.scale * (LOG2E if self.log2e_folded else 1.0)
+        """The factor on the fp32 scores, as the forward's: the 16-bit tiles go into the
+        product unscaled, so P is recomputed under the forward's rounding."""
         self.partials: list[str] = []
         """The buffers of the learned weights' per-program gradients."""
 
@@ -265,7 +267,7 @@ class BackwardLowering(Lowering):
         return ids_of
 
     def base2(self, kb: KernelBuilder, s: SSAValue) -> SSAValue:
-        """The scores in base 2 (already so when LOG2E is folded into the scaled tile)."""
+        """The scores in base 2 (already so when LOG2E is in the scores' scale)."""
         return s if self.log2e_folded else kb.mul(s, LOG2E, hint="s2")
 
     # ------------------------------------------------------------------ the score gradient
@@ -461,7 +463,6 @@ class BackwardLowering(Lowering):
         kv_ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
         k_base = self.base(kb, ks, b_off, hk_off)
         k_t = self.tile(kb, ks, k_base, n_off, rows_n, kv_ok, self.d, "k")
-        k_s = kb.cast(kb.mul(kb.cast(k_t, f32), self.tile_scale), self.kdtype, hint="k_scaled")
         v_base = self.base(kb, v, b_off, hk_off)
         v_t = self.tile(kb, v, v_base, n_off, rows_n, kv_ok, self.dv, "v")
         shift = kb.sub(nk, nq, hint="q_shift")
@@ -488,7 +489,7 @@ class BackwardLowering(Lowering):
                     row_ok = ib.cmp("<", offs_m, nq, hint="row_ok")
                     m_off = ib.cast(start_m, i64, hint="m_off")
                     q_t = self.tile(ib, qs, q_base, m_off, rows, row_ok, self.d, "q")
-                    s = ib.dot(k_s, ib.emit(tl.TransOp(q_t)), None, self.precision, hint="s")
+                    s = ib.mul(ib.dot(k_t, ib.emit(tl.TransOp(q_t)), None, self.precision), self.score_scale, hint="s")
                     q_pos = ib.add(offs_m, shift, hint="q_pos")
                     docs = {a: ib.col(t) for a, t in self.doc_ids(ib, p, b_off, q_pos, row_ok).items()}
                     valid = ib.and_(ib.row(kv_ok), ib.col(row_ok))
@@ -563,7 +564,6 @@ class BackwardLowering(Lowering):
         b_off, h_off, hk_off, m_start, m_off = ids.b_off, ids.h_off, ids.hk_off, ids.m_start, ids.m_off
         rows_m, offs_m, row_ok, shift, q_pos = ids.rows_m, ids.offs_m, ids.row_ok, ids.shift, ids.q_pos
         q_t = self.tile(kb, qs, self.base(kb, qs, b_off, h_off), m_off, rows_m, row_ok, self.d, "q")
-        q_s = kb.cast(kb.mul(kb.cast(q_t, f32), self.tile_scale), self.dtype, hint="q_scaled")
         do_t = self.tile(kb, do, self.base(kb, do, b_off, h_off), m_off, rows_m, row_ok, self.dv, "do")
         row_base = kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off, hint="row_base")
         lse = self.row_stat(kb, lse_ptr, row_base, rows_m, row_ok, POS_INF, "lse")
@@ -586,7 +586,7 @@ class BackwardLowering(Lowering):
                 n_off = ib.cast(start_n, i64, hint="n_off")
                 k_t = self.tile(ib, ks, k_base, n_off, rows, kv_ok, self.d, "k")
                 v_t = self.tile(ib, v, v_base, n_off, rows, kv_ok, self.dv, "v")
-                s = ib.dot(q_s, ib.emit(tl.TransOp(k_t)), None, self.precision, hint="s")
+                s = ib.mul(ib.dot(q_t, ib.emit(tl.TransOp(k_t)), None, self.precision), self.score_scale, hint="s")
                 if kv_ok is not None:
                     kv_ok_col = ib.col(kv_ok)
                     valid = ib.and_(ib.row(row_ok), kv_ok_col)

@@ -2,12 +2,14 @@
 
 The main kernel, `attn_fwd`, is FlashAttention-2's forward: one program per (Q block,
 batch x head), in three parts.
-- Prologue: load the Q tile once, apply Q's transforms (RoPE, QK-norm, scale) in fp32,
-  multiply by rope-fusion's `q_prescale` (attn.qk's scale and, when `log2e_folded`, the
-  base-2 softmax's log2 e) and cast to the input dtype.
+- Prologue: load the Q tile once, apply Q's transforms (RoPE, QK-norm, scale) in fp32
+  and cast to the input dtype.
 - KV steps, over the KV blocks causal-split allows (skipped blocks are never visited,
   full blocks carry no mask code): load a K tile (transformed here when K's placement
-  is `kv_loop`), take the scores, apply the score ops and masks, update the online
+  is `kv_loop`), take the scores and multiply them, in fp32, by rope-fusion's
+  `score_scale` (attn.qk's scale and, when `log2e_folded`, the base-2 softmax's log2 e:
+  never folded into the 16-bit Q tile, whose rounding would differ from the backward's
+  and lose accuracy with large logits), apply the score ops and masks, update the online
   softmax (base 2) and the accumulator with V.
 - Epilogue: count the sink logit, normalise (a fully masked row gives zeros), store the
   output and the per-row log-sum-exp (natural log) for a backward.
@@ -190,7 +192,7 @@ class QBlock:
     shift: SSAValue
     """Nk - Nq: the position of the first query."""
     q_tile: SSAValue
-    """Q, transformed and prescaled, in the input dtype."""
+    """Q, transformed, in the input dtype."""
     k: TensorParam
     v: TensorParam
     k_base: SSAValue
@@ -240,8 +242,8 @@ class Lowering:
         for op in chains.k_chain:
             placement = op.attributes.get("placement")
             self.k_placement = placement.data if isinstance(placement, PlacementAttr) else Placement.KV_LOOP
-        prescale = chains.qk.attributes.get("q_prescale")
-        self.q_prescale = prescale.value.data if isinstance(prescale, FloatAttr) else chains.qk.effective_scale
+        score_scale = chains.qk.attributes.get("score_scale")
+        self.score_scale = score_scale.value.data if isinstance(score_scale, FloatAttr) else chains.qk.effective_scale
         self.log2e_folded = chains.qk.log2e_folded
         self.kv_bounds = kv_bounds(chains)
         self.precision = "ieee" if self.dtype == f32 else None
@@ -576,25 +578,32 @@ class Lowering:
             ids.q_pos,
         )
 
-        # Q: load, transform, fold the scale (and log2 e), cast once.
+        offs_d = kb.arange(self.dpad, hint="offs_d")
+        # Q: load, transform, cast once (the scale goes on the fp32 scores).
         q_bh = kb.add(kb.add(q.ptr, kb.mul(b_off, q.strides[0])), kb.mul(h_off, q.strides[1]))
         q_base = kb.add(q_bh, kb.mul(m_off, q.strides[2]), hint="q_base")
-        q_x = self.qk.transformed(
-            kb,
-            p,
-            chains.q_chain,
-            lambda chans: self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, "q"),
-            self.positions(kb, p, chains.q_chain, q_pos, b_off, offs_m, row_ok),
-            row_ok,
-            True,
-            "q",
-            signed_pos=True,
-        )
-        q_tile = kb.cast(kb.mul(q_x, self.q_prescale), self.dtype, hint="q_tile")
+
+        def load_q(chans: SSAValue, hint: str = "q") -> SSAValue:
+            return self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, hint)
+
+        if chains.q_chain:
+            q_x = self.qk.transformed(
+                kb,
+                p,
+                chains.q_chain,
+                load_q,
+                self.positions(kb, p, chains.q_chain, q_pos, b_off, offs_m, row_ok),
+                row_ok,
+                True,
+                "q",
+                signed_pos=True,
+            )
+            q_tile = kb.cast(q_x, self.dtype, hint="q_tile")
+        else:
+            q_tile = load_q(offs_d, "q_tile")
 
         k_base = kb.add(kb.add(k.ptr, kb.mul(b_off, k.strides[0])), kb.mul(hk_off, k.strides[1]), hint="k_base")
         v_base = kb.add(kb.add(v.ptr, kb.mul(b_off, v.strides[0])), kb.mul(hk_off, v.strides[1]), hint="v_base")
-        offs_d = kb.arange(self.dpad, hint="offs_d")
         bdv = pow2(self.dv)
         offs_dv = kb.arange(bdv, hint="offs_dv")
         dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
@@ -653,7 +662,7 @@ class Lowering:
             k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
         else:
             k_tile = load_k(qb.offs_d)
-        s = ib.dot(qb.q_tile, k_tile, None, self.precision, hint="s")
+        s = ib.mul(ib.dot(qb.q_tile, k_tile, None, self.precision), self.score_scale, hint="s")
         kv_idx = ib.col(offs_n)
         if masked:
             assert kv_ok is not None

@@ -1,8 +1,10 @@
 """rope-fusion: where each pre-matmul transform runs in the kernel.
 
-Q's transforms (RoPE, QK-norm, scale), the Q·Kᵀ scale and, when every score op is
-linear, the log2(e) factor of the base-2 softmax run once per Q tile in the kernel
-prologue. K's transforms run either fused in the KV loop (every K tile is rotated
+Q's transforms (RoPE, QK-norm, scale) run once per Q tile in the kernel prologue; the
+Q·Kᵀ scale and, when every score op is linear, the log2(e) factor of the base-2 softmax
+are one factor on the product's fp32 scores (`score_scale`: multiplying q by it before
+the product would round the scaled tile to 16 bits, and with large logits cost the
+gradients 20-400x SDPA's error). K's transforms run either fused in the KV loop (every K tile is rotated
 once per Q tile that reads it) or in a separate pre-rotation kernel that writes a
 rotated copy of K once (one extra read and write of K, one more launch). The
 Rotation Calculus below compares the two.
@@ -125,8 +127,8 @@ class RopeFusionPass(ModulePass):
     Calculus, whether K's run fused in the KV loop or in a pre-rotation kernel.
 
     Marks each pre-matmul op with `placement` (`#attn.placement<q_prologue>`,
-    `<kv_loop>` or `<prerotate>`), the attn.qk with `q_prescale` (the factor folded
-    into Q) and, when that factor includes the softmax's LOG2E, `log2e_folded`; and the
+    `<kv_loop>` or `<prerotate>`), the attn.qk with `score_scale` (the factor on the
+    fp32 scores) and, when that factor includes the softmax's LOG2E, `log2e_folded`; and the
     function with `attn.rope_fusion` (the decision and both predicted costs)."""
 
     name = "rope-fusion"
@@ -153,8 +155,8 @@ class RopeFusionPass(ModulePass):
             for q_op in v.q_chain:
                 q_op.attributes["placement"] = PlacementAttr(Placement.Q_PROLOGUE)
             foldable = all(isinstance(s, attn.ScaleOp | attn.MaskOp) for s in v.score_ops)
-            prescale = v.qk.effective_scale * (LOG2E if foldable else 1.0)
-            v.qk.attributes["q_prescale"] = FloatAttr(prescale, f64)
+            score_scale = v.qk.effective_scale * (LOG2E if foldable else 1.0)
+            v.qk.attributes["score_scale"] = FloatAttr(score_scale, f64)
             if foldable:
                 v.qk.attributes["log2e_folded"] = UnitAttr()
             if not v.k_chain:

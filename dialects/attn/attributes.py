@@ -270,7 +270,7 @@ BIAS_KINDS: dict[str, NamedKind] = {"alibi": NamedKind("alibi", n_extras=1)}
 
 # --------------------------------------------------------------------------- pass annotations
 # The passes decide, then record their decisions on the ops for convert-attn-to-tl:
-# rope-fusion marks each pre-matmul op with a `placement` and attn.qk with `q_prescale`
+# rope-fusion marks each pre-matmul op with a `placement` and attn.qk with `score_scale`
 # (and `log2e_folded`); causal-split marks each attn.mask with `blocks` and the function
 # with `attn.kv_blocks`. The ops' verifiers check the annotations' types.
 

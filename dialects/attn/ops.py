@@ -332,7 +332,7 @@ class QKOp(IRDLOperation):
 
     @property
     def log2e_folded(self) -> bool:
-        """rope-fusion folded the softmax's LOG2E into `q_prescale`."""
+        """rope-fusion folded the softmax's LOG2E into `score_scale`."""
         return "log2e_folded" in self.attributes
 
     def verify_(self) -> None:
@@ -355,7 +355,7 @@ class QKOp(IRDLOperation):
             s = self.scale.value.data
             if not (s > 0 and math.isfinite(s)):
                 raise VerifyException(f"attn.qk scale must be > 0 and finite, got {s}")
-        check_annotation(self, "q_prescale", FloatAttr, "a float")
+        check_annotation(self, "score_scale", FloatAttr, "a float")
         check_annotation(self, "log2e_folded", UnitAttr, "a unit attribute")
 
 

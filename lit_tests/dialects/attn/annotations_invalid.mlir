@@ -20,16 +20,16 @@ func.func @placement_on_scale(%k: tensor<?x4x?x64xf16>) {
 
 // -----
 
-func.func @q_prescale_as_string(%q: tensor<?x4x?x64xf16>) {
-  %s = attn.qk %q, %q {q_prescale = "0.125"} : tensor<?x4x?x64xf16>, tensor<?x4x?x64xf16> -> !attn.scores<4>
+func.func @score_scale_as_string(%q: tensor<?x4x?x64xf16>) {
+  %s = attn.qk %q, %q {score_scale = "0.125"} : tensor<?x4x?x64xf16>, tensor<?x4x?x64xf16> -> !attn.scores<4>
   func.return
 }
-// CHECK: attn.qk annotation 'q_prescale' must be a float, got "0.125"
+// CHECK: attn.qk annotation 'score_scale' must be a float, got "0.125"
 
 // -----
 
 func.func @log2e_folded_not_unit(%q: tensor<?x4x?x64xf16>) {
-  %s = attn.qk %q, %q {q_prescale = 0.18 : f64, log2e_folded = true} : tensor<?x4x?x64xf16>, tensor<?x4x?x64xf16> -> !attn.scores<4>
+  %s = attn.qk %q, %q {score_scale = 0.18 : f64, log2e_folded = true} : tensor<?x4x?x64xf16>, tensor<?x4x?x64xf16> -> !attn.scores<4>
   func.return
 }
 // CHECK: attn.qk annotation 'log2e_folded' must be a unit attribute, got true

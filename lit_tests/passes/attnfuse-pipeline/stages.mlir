@@ -24,7 +24,7 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // ROPE:          func.func @f({{.*}}) -> tensor<?x4x?x32xf16> attributes {attn.rope_fusion = {k = "kv_loop", {{.*}}}} {
 // ROPE-NEXT:       %qr = attn.rope %q {{.*}} {placement = #attn.placement<q_prologue>}
 // ROPE-NEXT:       %kr = attn.rope %k {{.*}} {placement = #attn.placement<kv_loop>}
-// ROPE-NEXT:       %s = attn.qk %qr, %kr {q_prescale = {{.*}}}
+// ROPE-NEXT:       %s = attn.qk %qr, %kr {score_scale = {{.*}}}
 // ROPE-NEXT:       %m = attn.mask %s causal : !attn.scores<4>
 // ROPE-NOT:      attn.kv_blocks
 // ROPE-NOT:      attn.tiling

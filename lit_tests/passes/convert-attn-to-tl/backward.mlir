@@ -22,9 +22,13 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // CHECK:       tl.kernel @rotate_q(
 // CHECK:       tl.kernel @rotate_k(
 // CHECK:       tl.kernel @attn_bwd_dkdv(
-// CHECK:         %k_scaled = tl.cast
+// CHECK-NOT:     k_scaled
 // CHECK:         tl.for %hg = {{.*}} iter_args(%dk_2 = %dk, %dv_2 = %dv)
 // CHECK:           tl.for %start_m = %q_lo to %full_q_lo step %BLOCK_N
+// The scores' scale on the fp32 product, as the forward's.
+// CHECK:             %[[QK:.*]] = tl.dot %k{{(_[0-9]+)?}}, %{{.*}} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
+// CHECK-NEXT:        %[[C:.*]] = tl.constant 0.255034864 : f32
+// CHECK-NEXT:        %s{{(_[0-9]+)?}} = tl.mul %[[QK]], %[[C]]
 // CHECK:             %causal = tl.cmp "<="
 // CHECK:             %p = tl.exp2
 // CHECK:             %dv_5 = tl.dot {{.*}}, %do acc %dv_4

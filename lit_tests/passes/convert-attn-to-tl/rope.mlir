@@ -25,10 +25,10 @@ func.func @rope(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?
 // FUSED:               %k_cos = tl.load
 // FUSED:               %k_rot = tl.add
 // FUSED-NEXT:          %k_tile = tl.cast %k_rot : !tl.tile<f32> -> !tl.tile<f16>
-// FUSED-NEXT:          %s = tl.dot %q_tile, %k_tile
+// FUSED-NEXT:          %{{.*}} = tl.dot %q_tile, %k_tile :
 // FUSED:             tl.for %start_n_1 =
 // FUSED:               %k_cos_1 = tl.load
-// FUSED:               %s_1 = tl.dot %q_tile, %k_tile_1
+// FUSED:               %{{.*}} = tl.dot %q_tile, %k_tile_1 :
 // FUSED-NOT:         tl.for %start_n_2 =
 // FUSED:           tl.launcher "launch"(["q", "k", "v"]) {
 // FUSED-NOT:         k_rot

@@ -26,7 +26,7 @@ func.func @qwen3(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // CHECK-NEXT:    %kr = attn.rope %kn half theta = 1000000.0 rotary_dim = 64 {placement = #attn.placement<kv_loop>} : tensor<?x2x?x64xf16>
 // CHECK-NEXT:    %qs = attn.scale %qr value = 2.0 {placement = #attn.placement<q_prologue>} : tensor<?x4x?x64xf16>
 // 1/sqrt(64) * log2(e): the log2 e factor of the base-2 softmax is folded into q.
-// CHECK-NEXT:    %s = attn.qk %qs, %kr {q_prescale = 0.18033688011112042 : f64, log2e_folded} : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<4>
+// CHECK-NEXT:    %s = attn.qk %qs, %kr {score_scale = 0.18033688011112042 : f64, log2e_folded} : tensor<?x4x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<4>
 // CHECK-NEXT:    %m = attn.mask %s causal : !attn.scores<4>
 // CHECK-NEXT:    %p = attn.softmax %m : !attn.scores<4> -> !attn.probs<4>
 // CHECK-NEXT:    %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
@@ -46,7 +46,7 @@ func.func @q_only(%q: tensor<?x4x?x32xf32>, %k: tensor<?x4x?x32xf32>, %v: tensor
 // CHECK-LABEL: func.func @q_only(
 // CHECK-SAME:    attributes {attn.rope_fusion = {k = "none"}}
 // CHECK-NEXT:    %qr = attn.rope %q interleaved theta = 10000.0 rotary_dim = 16 {placement = #attn.placement<q_prologue>} : tensor<?x4x?x32xf32>
-// CHECK-NEXT:    %s = attn.qk %qr, %k {q_prescale = 0.25503486164919736 : f64, log2e_folded} : tensor<?x4x?x32xf32>, tensor<?x4x?x32xf32> -> !attn.scores<4>
+// CHECK-NEXT:    %s = attn.qk %qr, %k {score_scale = 0.25503486164919736 : f64, log2e_folded} : tensor<?x4x?x32xf32>, tensor<?x4x?x32xf32> -> !attn.scores<4>
 // CHECK-NEXT:    %p = attn.softmax %s : !attn.scores<4> -> !attn.probs<4>
 
 // -----
@@ -61,4 +61,4 @@ func.func @plain(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<
 
 // CHECK-LABEL: func.func @plain(
 // CHECK-SAME:    attributes {attn.rope_fusion = {k = "none"}}
-// CHECK-NEXT:    %s = attn.qk %q, %k {q_prescale = 0.36067376022224085 : f64, log2e_folded}
+// CHECK-NEXT:    %s = attn.qk %q, %k {score_scale = 0.36067376022224085 : f64, log2e_folded}

@@ -1,6 +1,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p rope-fusion | filecheck %s
 
-// q_prescale is the factor multiplied into Q once, in the prologue: attn.qk's scale
+// score_scale is the factor the kernels multiply Q·Kᵀ's fp32 scores by (never q or k
+// before the product, which would round the scaled tile to 16 bits): attn.qk's scale
 // (default 1/sqrt(D)) times log2(e) when the base-2 softmax's factor can be folded,
 // i.e. when every score op is linear in the score (attn.scale, attn.mask); attn.qk is
 // then also marked `log2e_folded`. A softcap, bias or score_mod sees natural-unit
@@ -14,7 +15,7 @@ func.func @default_scale(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v:
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @default_scale(
-// CHECK:         attn.qk %q, %k {q_prescale = 0.18033688011112042 : f64, log2e_folded}
+// CHECK:         attn.qk %q, %k {score_scale = 0.18033688011112042 : f64, log2e_folded}
 
 // -----
 
@@ -28,7 +29,7 @@ func.func @explicit_scale(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @explicit_scale(
-// CHECK:         attn.qk %q, %k scale = 0.5 {q_prescale = 0.72134752044448169 : f64, log2e_folded}
+// CHECK:         attn.qk %q, %k scale = 0.5 {score_scale = 0.72134752044448169 : f64, log2e_folded}
 // The score scale stays where it is (no placement: it is not a pre-matmul op).
 // CHECK-NEXT:    %t = attn.scale %s value = 3.0 : !attn.scores<2>
 // CHECK-NEXT:    %m = attn.mask %t causal : !attn.scores<2>
@@ -45,7 +46,7 @@ func.func @softcap(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tenso
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @softcap(
-// CHECK:         attn.qk %q, %k {q_prescale = 1.250000e-01 : f64}
+// CHECK:         attn.qk %q, %k {score_scale = 1.250000e-01 : f64}
 // CHECK-NEXT:    %c = attn.softcap %s cap = 50.0 : !attn.scores<2>
 
 // -----
@@ -59,7 +60,7 @@ func.func @alibi(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
   func.return %o : tensor<?x2x?x64xf16>
 }
 // CHECK-LABEL: func.func @alibi(
-// CHECK:         attn.qk %q, %k scale = 0.25 {q_prescale = 2.500000e-01 : f64}
+// CHECK:         attn.qk %q, %k scale = 0.25 {score_scale = 2.500000e-01 : f64}
 
 // -----
 
@@ -76,4 +77,4 @@ func.func @score_mod(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: ten
   func.return %o : tensor<?x2x?x16xf16>
 }
 // CHECK-LABEL: func.func @score_mod(
-// CHECK:         attn.qk %q, %k {q_prescale = 2.500000e-01 : f64}
+// CHECK:         attn.qk %q, %k {score_scale = 2.500000e-01 : f64}
