@@ -353,10 +353,20 @@ def _disagreement(name: str, decode: Decode, column: Sequence[int]) -> str:
     return f"{name} differs between " + " and ".join(_ranks(rs) for rs in groups.values())
 
 
-def _agree(values: list[int] | None, error: af.AttnFuseError | None, group: Group, device: torch.device) -> None:
+def _check_device(q: object, group: Group) -> torch.device:
+    """Where the agreement check's tensor lives: q's device (the all-gather of K and V uses
+    it too), or, when q is not a tensor, the device the group's backend takes."""
+    if isinstance(q, torch.Tensor):
+        return q.device
+    nccl = "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available()
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def _agree(values: list[int] | None, error: Exception | None, group: Group, device: torch.device) -> None:
     """All-gather every rank's `_FIELDS` (`values`; None with the `error` that refused this
     rank's arguments) and raise, on every rank, when a rank refused its arguments or the
-    ranks disagree. One all_gather of len(_FIELDS) + 1 int64 per rank."""
+    ranks disagree. One all_gather of len(_FIELDS) + 1 = 18 int64 per rank, and on a GPU a
+    synchronisation (the host reads the result)."""
     mine = torch.tensor([int(error is not None), *(values or [0] * len(_FIELDS))], dtype=torch.int64, device=device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, mine, group=group)
@@ -367,7 +377,7 @@ def _agree(values: list[int] | None, error: af.AttnFuseError | None, group: Grou
     if refused:
         raise af.AttnFuseError(
             f"attnfuse.distributed.attention: {_ranks(refused)} of the group refused its arguments (see the "
-            f"AttnFuseError raised there), so every rank stops here: it is a collective"
+            f"error raised there), so every rank stops here: it is a collective"
         )
     columns = list(zip(*(row[1:] for row in table), strict=True))
     differ = [i for i, column in enumerate(columns) if len(set(column)) > 1]
@@ -442,10 +452,10 @@ def attention(
         _check_shapes(q, k, v)
         key = _key(theta, scaling, rotary_dim, style, window, scale)
         values, error = _fields(q, k, v, key), None
-    except af.AttnFuseError as e:  # raised on every rank by _agree, never on this one alone
+    except Exception as e:  # raised by _agree after every rank learnt of it, never on this rank alone (a hang)
         key, values, error = None, None, e
     if world > 1:
-        _agree(values, error, group, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
+        _agree(values, error, group, _check_device(q, group))
     elif error is not None:
         raise error
     assert key is not None
