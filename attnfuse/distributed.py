@@ -39,6 +39,11 @@ Its costs: each rank holds the full K and V (O(N) memory per rank, where a ring 
 O(N/W)), the communication is not overlapped with compute, and K's rotation runs in each of
 the two calls.
 
+Every call checks first that the ranks agree (shapes, dtypes, variant arguments and IR, which
+K/V tensors record gradients), with one all-gather of a few int64 per rank: a rank with
+another RoPE theta would silently compute another attention, and other mismatches fail inside
+gloo or NCCL or hang; see `attention`.
+
 Not supported, each an `AttnFuseError`: a sequence length not divisible by 2W (every rank
 holds two equal chunks), queries and keys of different lengths (a KV cache), sinks (their
 gradient is a sum over every rank's queries: an all-reduce) and document masks (the keys' ids
@@ -50,7 +55,11 @@ here: this module runs its own variant, it does not shard an arbitrary one.
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
 import numbers
+import struct
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -202,6 +211,19 @@ def _refuse(sink: object, document: object) -> None:
         )
 
 
+def _key(theta: object, scaling: object, rotary_dim: object, style: object, window: object, scale: object) -> tuple:
+    """The constants of `_variant` (af.rope and af.qk check them when it is traced)."""
+    key = (theta, rope_scaling(scaling), rotary_dim, style, _window(window), scale)
+    try:
+        hash(key)
+    except TypeError:
+        raise af.AttnFuseError(
+            f"attnfuse.distributed.attention: theta, rotary_dim, style and scale must be Python numbers or strings "
+            f"(af.rope's and af.qk's), got {key!r}"
+        ) from None
+    return key
+
+
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """The local sequence length shared by q, k and v."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -221,6 +243,154 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
             f"be even and the sequence length divisible by 2 * world size, got a local length of {q.shape[2]}"
         )
     return q.shape[2]
+
+
+# --------------------------------------------------------------------------- agreement across the ranks
+#
+# Every rank must call `attention` with shards of the same shape and dtype and with the same
+# variant: a rank with another theta silently computes another attention, shards of different
+# lengths, batches or dtypes fail inside gloo or NCCL (or hang), a rank that refuses its own
+# arguments leaves the others waiting in the all-gather, and a rank that records K/V gradients
+# while another does not waits in the backward's reduce-scatter until the group's timeout. So
+# each call first all-gathers `_FIELDS` (a few int64 per rank, one small collective) and every
+# rank raises the same refusal, before any other communication, when the ranks disagree.
+
+Decode = Callable[[int], "str | None"]
+"""How a field's int64 reads in a message (None: not readable, a digest)."""
+
+
+def _digest(text: str) -> int:
+    """A 63-bit digest of `text`, the same in every process (unlike hash() of a str)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def _float_bits(x: object) -> int:
+    """The float64 bits of x as an int64 (None as NaN)."""
+    return struct.unpack("<q", struct.pack("<d", math.nan if x is None else float(x)))[0]  # type: ignore[arg-type]
+
+
+def _from_bits(bits: int) -> str:
+    x = struct.unpack("<d", struct.pack("<q", bits))[0]
+    return "None" if math.isnan(x) else repr(x)
+
+
+def _optional_int(x: int) -> str:
+    return "None" if x < 0 else str(x)
+
+
+def _unreadable(_: int) -> None:
+    return None
+
+
+_DTYPE_NAMES = {_digest(str(d)): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_STYLE_NAMES = {_digest(repr(s)): repr(s) for s in ("half", "interleaved")}
+_GRAD_NAMES = {0: "neither", 1: "k only", 2: "v only", 3: "k and v"}
+_VARIANT_IR = "the traced variant (its attn IR: the same arguments but different AttnFuse versions?)"
+_FIELDS: tuple[tuple[str, Decode], ...] = (
+    ("batch", str),
+    ("query heads", str),
+    ("key/value heads", str),
+    ("local length", str),
+    ("head dim", str),
+    ("value head dim", str),
+    ("q's dtype", _DTYPE_NAMES.get),
+    ("k's dtype", _DTYPE_NAMES.get),
+    ("v's dtype", _DTYPE_NAMES.get),
+    ("K/V gradients recorded (k or v requiring grad under grad mode; the backward is a collective)", _GRAD_NAMES.get),
+    ("theta", _from_bits),
+    ("scaling", _unreadable),
+    ("rotary_dim", _optional_int),
+    ("style", _STYLE_NAMES.get),
+    ("window", _optional_int),
+    ("scale", _from_bits),
+    (_VARIANT_IR, _unreadable),
+)
+"""What the ranks must agree on, in the order of `_fields`, with how each reads."""
+
+
+@functools.cache
+def _ir_digest(key: tuple, dtypes: tuple[torch.dtype, ...], heads: tuple[int, int], dims: tuple[int, int]) -> int:
+    """The digest of the variant's canonical attn IR for these dtypes, heads and head dims
+    (traced once per signature, on meta tensors; the call itself reuses the trace)."""
+    (hq, hkv), (d, dv) = heads, dims
+    shapes = ((1, hq, 2, d), (1, hkv, 2, d), (1, hkv, 2, dv))
+    q, k, v = (torch.empty(s, dtype=t, device="meta") for s, t in zip(shapes, dtypes, strict=True))
+    return _digest(_variant(*key).ir(q, k, v))
+
+
+def _fields(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple) -> list[int]:
+    """This rank's values of `_FIELDS` for a validated call with variant constants `key`."""
+    theta, scaling, rotary_dim, style, window, scale = key
+    grads = int(k.requires_grad) + 2 * int(v.requires_grad) if torch.is_grad_enabled() else 0
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    ir = _ir_digest(key, dtypes, (q.shape[1], k.shape[1]), (q.shape[3], v.shape[3]))
+    return [
+        *(q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.shape[3], v.shape[3]),
+        *(_digest(str(t)) for t in dtypes),
+        grads,
+        _float_bits(theta),
+        _digest(str(scaling)),
+        -1 if rotary_dim is None else int(rotary_dim),
+        _digest(repr(style)),
+        -1 if window is None else window,
+        _float_bits(scale),
+        ir,
+    ]
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _disagreement(name: str, decode: Decode, column: Sequence[int]) -> str:
+    """What the ranks have for one field on which they disagree."""
+    names = [decode(x) for x in column]
+    if all(n is not None for n in names):
+        return f"{name}: " + ", ".join(f"rank {r} has {n}" for r, n in enumerate(names))
+    groups: dict[int, list[int]] = {}
+    for r, x in enumerate(column):
+        groups.setdefault(x, []).append(r)
+    return f"{name} differs between " + " and ".join(_ranks(rs) for rs in groups.values())
+
+
+def _check_device(q: object, group: Group) -> torch.device:
+    """Where the agreement check's tensor lives: q's device (the all-gather of K and V uses
+    it too), or, when q is not a tensor, the device the group's backend takes."""
+    if isinstance(q, torch.Tensor):
+        return q.device
+    nccl = "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available()
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def _agree(values: list[int] | None, error: Exception | None, group: Group, device: torch.device) -> None:
+    """All-gather every rank's `_FIELDS` (`values`; None with the `error` that refused this
+    rank's arguments) and raise, on every rank, when a rank refused its arguments or the
+    ranks disagree. One all_gather of len(_FIELDS) + 1 = 18 int64 per rank, and on a GPU a
+    synchronisation (the host reads the result)."""
+    mine = torch.tensor([int(error is not None), *(values or [0] * len(_FIELDS))], dtype=torch.int64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    table = torch.stack(parts).tolist()
+    if error is not None:
+        raise error
+    refused = [r for r, row in enumerate(table) if row[0]]
+    if refused:
+        raise af.AttnFuseError(
+            f"attnfuse.distributed.attention: {_ranks(refused)} of the group refused its arguments (see the "
+            f"error raised there), so every rank stops here: it is a collective"
+        )
+    columns = list(zip(*(row[1:] for row in table), strict=True))
+    differ = [i for i, column in enumerate(columns) if len(set(column)) > 1]
+    if len(differ) > 1 and _FIELDS[differ[-1]][0] == _VARIANT_IR:
+        differ.pop()  # a consequence of the others
+    if differ:
+        raise af.AttnFuseError(
+            "attnfuse.distributed.attention: the ranks of the group were called with different arguments (this is "
+            f"rank {dist.get_rank(group)}): "
+            + "; ".join(_disagreement(*_FIELDS[i], columns[i]) for i in differ)
+            + ". Every rank must call it with shards of the same shape and dtype, the same variant arguments "
+            "(theta, scaling, rotary_dim, style, window, scale) and the same K/V tensors requiring grad"
+        )
 
 
 def _gather_kv(k: torch.Tensor, v: torch.Tensor, group: Group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,24 +433,35 @@ def attention(
     1/sqrt(D)); `window` None is causal attention, an integer w a sliding window of w
     positions (the query's own included). Differentiable: dq stays local, and dK and dV
     are summed over the ranks and returned to their owners by the all-gather's backward.
-    Every rank of the group must call it (it is a collective) with shards of the same shape.
+    Every rank of the group must call it (it is a collective) with shards of the same shape
+    and dtype, the same variant arguments and the same K/V tensors requiring grad (under grad
+    mode): each call first all-gathers a few int64 per rank saying so (one small collective; on
+    a GPU its result is read on the host, a synchronisation) and raises an `AttnFuseError` on
+    every rank, naming the ranks and what differs, when they disagree or when one rank refused
+    its own arguments. The variant itself is compared through a digest of its traced IR,
+    computed once per variant and signature. What no check can see is a rank that records
+    gradients and then never calls backward (or drops the output): the backward's reduce-scatter
+    is a collective too, and, as for any collective, every rank that ran the forward with
+    gradients must run its backward, or the others wait until the group's timeout.
 
     `sink` and `document` exist only to refuse them with an `AttnFuseError`: sinks and
     document masks are not supported across shards (see the module's docstring)."""
-    _refuse(sink, document)
-    n_local = _check_shapes(q, k, v)
     world, rank = _world(group, "attnfuse.distributed.attention")
-    key = (theta, rope_scaling(scaling), rotary_dim, style, _window(window), scale)
     try:
-        hash(key)
-    except TypeError:
-        raise af.AttnFuseError(
-            f"attnfuse.distributed.attention: theta, rotary_dim, style and scale must be Python numbers or strings "
-            f"(af.rope's and af.qk's), got {key!r}"
-        ) from None
+        _refuse(sink, document)
+        _check_shapes(q, k, v)
+        key = _key(theta, scaling, rotary_dim, style, window, scale)
+        values, error = _fields(q, k, v, key), None
+    except Exception as e:  # raised by _agree after every rank learnt of it, never on this rank alone (a hang)
+        key, values, error = None, None, e
+    if world > 1:
+        _agree(values, error, group, _check_device(q, group))
+    elif error is not None:
+        raise error
+    assert key is not None
     fn = _variant(*key)
     k_full, v_full = _gather_kv(k, v, group)
-    length = n_local // 2
+    length = q.shape[2] // 2
     outs = []
     for part, chunk in enumerate((rank, 2 * world - 1 - rank)):
         end = (chunk + 1) * length  # the chunk's queries see keys 0..end-1: they are their last rows

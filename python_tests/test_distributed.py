@@ -15,7 +15,12 @@ requires both ranks' results within 1e-4 relative L2, for
 
 The children also check `shard`/`unshard`/`positions` and the `AttnFuseError`s the module
 raises (sequence not divisible by 2W, odd local length, q and k of different lengths, sinks,
-document masks, a bad window); no process group at all is checked here. The children are
+document masks, a bad window); no process group at all is checked here. Then, on a second
+gloo group with a 20 s timeout, they call `attention` with arguments that differ across the
+ranks (RoPE theta or scaling, local length, dtype, batch, K/V requiring grad on one rank only,
+one rank's own arguments refused, the traced IR): each must be an `AttnFuseError` on both
+ranks naming the mismatch, raised before any other communication (no hang, no gloo error),
+and the group must still run an agreed call afterwards. The children are
 started once per module and time out (process group, join) instead of hanging.
 """
 
@@ -30,6 +35,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -143,6 +149,39 @@ def layout(group: Any) -> dict[str, Any]:
     }
 
 
+def mismatches(rank: int, group: Any) -> dict[str, str]:
+    """The messages of `cp.attention` called differently on the ranks (rank r's arguments here),
+    on `group`, which has a short timeout: a missed mismatch fails within seconds, not hangs."""
+    x = torch.randn(1, 2, 8, 16)
+    longer = torch.randn(1, 2, 8 + 8 * rank, 16)  # local length 8 on rank 0, 16 on rank 1
+    half = x.to(torch.float16 if rank else torch.float32)
+    batch = torch.randn(1 + rank, 2, 8, 16)
+    odd = torch.randn(1, 2, 8 - rank, 16)  # rank 1 refuses its own arguments
+    kv = x.clone().requires_grad_(rank == 0)  # rank 0 would wait in the backward's reduce-scatter
+    scaling = af.linear_scaling(2.0) if rank else None
+    with patch.object(cp, "_ir_digest", lambda *_: rank):  # same arguments, different traced IR
+        ir = error_message(cp.attention, x, x, x, group)
+    return {
+        "theta": error_message(cp.attention, x, x, x, group, theta=10000.0 * (1 + rank)),
+        "scaling": error_message(cp.attention, x, x, x, group, scaling=scaling),
+        "length": error_message(cp.attention, longer, longer, longer, group),
+        "dtype": error_message(cp.attention, half, half, half, group),
+        "batch": error_message(cp.attention, batch, batch, batch, group),
+        "grad": error_message(cp.attention, x, kv, kv, group),
+        "one_refuses": error_message(cp.attention, odd, odd, odd, group),
+        "ir": ir,
+    }
+
+
+def after_mismatches(group: Any, expected: torch.Tensor) -> bool:
+    """Whether the group still runs a call on which the ranks agree, with the right output
+    (this rank's share of `expected`, the rope_causal case's unsharded output)."""
+    q, k, v, _ = (cp.shard(x, group) for x in inputs("rope_causal"))
+    with af.backend("interpret"), torch.no_grad():
+        out = cp.attention(q, k, v, group, **CASES["rope_causal"]["options"])
+    return torch.allclose(out, cp.shard(expected, group), rtol=0, atol=1e-6)
+
+
 def child(rank: int, world: int, init_file: str, out: str) -> None:
     """One rank: join the gloo group through `init_file`, run every case, save the results."""
     dist.init_process_group(
@@ -153,6 +192,9 @@ def child(rank: int, world: int, init_file: str, out: str) -> None:
         results: dict[str, Any] = {"cases": {c: sharded(c, group) for c in CASES}}
         results["errors"] = errors(group)
         results["layout"] = layout(group)
+        short = dist.new_group(backend="gloo", timeout=timedelta(seconds=20))
+        results["mismatches"] = mismatches(rank, short)
+        results["after_mismatches"] = after_mismatches(short, results["cases"]["rope_causal"]["out"])
     except BaseException:
         results = {"failure": traceback.format_exc()}
     torch.save(results, out)
@@ -252,6 +294,40 @@ ERRORS = {
 def test_refusals(ranks, case):
     for res in ranks:
         assert ERRORS[case] in res["errors"][case]
+
+
+MISMATCHES = {
+    "theta": ["theta: rank 0 has 10000.0, rank 1 has 20000.0"] * 2,
+    "scaling": ["scaling differs between rank 0 and rank 1"] * 2,
+    "length": ["local length: rank 0 has 8, rank 1 has 16"] * 2,
+    "dtype": ["q's dtype: rank 0 has torch.float32, rank 1 has torch.float16"] * 2,
+    "batch": ["batch: rank 0 has 1, rank 1 has 2"] * 2,
+    "grad": [
+        "K/V gradients recorded (k or v requiring grad under grad mode; the backward is a collective): "
+        "rank 0 has k and v, rank 1 has neither"
+    ]
+    * 2,  # fmt: skip
+    "one_refuses": ["rank 1 of the group refused its arguments", "local length must be even"],
+    "ir": ["the traced variant (its attn IR"] * 2,
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_ranks_that_disagree_are_refused_on_every_rank(ranks, case):
+    """Arguments that differ across the ranks: an AttnFuseError on both ranks, naming what
+    differs (each rank's value where it reads as one) or the rank that refused its own, and
+    only that (no other field, and not the IR when another field differs)."""
+    for r, res in enumerate(ranks):
+        message = res["mismatches"][case]
+        assert MISMATCHES[case][r] in message, f"rank {r}: {message!r}"
+        if case != "one_refuses":
+            assert f"this is rank {r}" in message
+            fields = message.count(" has ") // 2 + message.count(" differs ")  # each rank's value, or "differs"
+            assert fields == (3 if case == "dtype" else 1), message  # q's, k's and v's dtypes
+
+
+def test_a_group_stays_usable_after_refused_calls(ranks):
+    assert all(res["after_mismatches"] for res in ranks)
 
 
 def test_no_process_group():

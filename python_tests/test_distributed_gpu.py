@@ -14,6 +14,9 @@ sides are bf16 kernels; the sharded dk and dv are two ranks' partial sums added 
 - `window`: 8 query heads over 2 kv heads, RoPE, a sliding window of 700 positions (chunks are
   512 long: the window crosses chunk and rank boundaries).
 
+Then each rank calls it with its own RoPE theta (10000 and 20000): an `AttnFuseError` on both,
+naming the mismatch (the ranks' agreement check, an all-gather through NCCL).
+
     python -m pytest -m gpu python_tests/test_distributed_gpu.py -q
 """
 
@@ -109,6 +112,12 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
             got = {name: cp.unshard(x) for name, x in got.items()}
             expected = full_sequence(case, device)
             results[case] = {name: rel_l2(got[name], expected[name]) for name in got}
+        x = torch.randn(1, 2, 8, 16, device=device, dtype=torch.bfloat16)
+        try:  # the ranks' agreement check, through NCCL on the GPU
+            cp.attention(x, x, x, theta=10000.0 * (1 + rank))
+            results["theta_mismatch"] = ""
+        except af.AttnFuseError as e:
+            results["theta_mismatch"] = str(e)
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
@@ -156,3 +165,8 @@ def test_sharded_output_and_gradients_equal_the_full_sequence(ranks: list[dict[s
     for r, res in enumerate(ranks):
         for name, err in res[case].items():
             assert err < TOLERANCE, f"rank {r} {case} {name}: relative L2 error {err:.2e} (tolerance {TOLERANCE})"
+
+
+def test_a_theta_that_differs_across_the_ranks_is_refused(ranks: list[dict[str, Any]]) -> None:
+    for r, res in enumerate(ranks):
+        assert "theta: rank 0 has 10000.0, rank 1 has 20000.0" in res["theta_mismatch"], (r, res["theta_mismatch"])
