@@ -20,6 +20,10 @@ Semantics (the contract the kernels must meet):
 - Masks: every `attn.mask` must hold for a score to be kept. A masked score stays
   masked whatever later score ops do to it (kernels may apply masks anywhere), and
   `attn.softmax` sees it as -inf. A row with nothing kept gives p = 0, so out = 0.
+  `attn.pv` reads V only at the keys a row keeps: a NaN or Inf in V at a masked key
+  (garbage in an unused cache slot) does not reach that row. (Kernels give NaN where a
+  row keeps a key whose V is non-finite; where that value is an Inf, the exact sum may
+  be an Inf instead.)
 - Sinks: p = exp(s - m) / (exp(sink[h] - m) + sum exp(s - m)), m = max(row max, sink[h]).
 - Regions of `custom` masks, biases and score_mods run vectorised over
   [B, H, Nq, Nk]: b is [B,1,1,1], h [1,H,1,1], q_idx [1,1,Nq,1], kv_idx [1,1,1,Nk].
@@ -155,6 +159,8 @@ class _Probs:
     """[B, H, Nq, Nk]"""
     lse: torch.Tensor
     """[B, H, Nq]"""
+    keep: torch.Tensor | None = None
+    """Where the masks keep a score, broadcastable to p (None: everywhere)."""
 
 
 def _arg_label(func: FuncOp, index: int) -> str:
@@ -332,7 +338,12 @@ class _Executor:
                 f"attn.pv: v has {v.shape[2]} rows (dim 2) and batch {v.shape[0]} but k has {p.shape[3]} rows "
                 f"and batch {p.shape[0]}: v must have k's length and batch, got shape {list(v.shape)}"
             )
-        return p @ v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
+        v = v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
+        if probs.keep is None or bool(torch.isfinite(v).all()):
+            return p @ v
+        # A masked key is not read: its V, NaN or Inf included, adds nothing (0 * NaN would).
+        terms = torch.where(probs.keep[..., None], p[..., None] * v[:, :, None], 0.0)
+        return terms.sum(dim=-2)
 
     # ----------------------------------------------------------------------- score ops
 
@@ -397,9 +408,11 @@ class _Executor:
         denom = e.sum(dim=-1, keepdim=True)
         if sink is not None:
             denom = denom + torch.exp(sink - m)
-        p = e / torch.where(denom > 0, denom, 1.0)
+        p = e / torch.where(denom == 0, 1.0, denom)  # only an empty row's 0: a NaN stays NaN
+        if s.keep is not None:  # exactly 0 where masked, also in a row a NaN score made NaN
+            p = torch.where(s.keep, p, 0.0)
         lse = (m + torch.log(denom)).squeeze(-1)
-        return _Probs(p, lse)
+        return _Probs(p, lse, s.keep)
 
     # ----------------------------------------------------------------------- regions
 

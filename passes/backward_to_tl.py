@@ -266,6 +266,12 @@ class BackwardLowering(Lowering):
                 )
         return ids_of
 
+    @staticmethod
+    def dropped(kb: KernelBuilder, s: SSAValue) -> SSAValue:
+        """Where a partial block's masks removed the score (-inf): P is exactly 0 there, not
+        exp2(-inf - lse) = NaN in a row whose lse a NaN query made NaN."""
+        return kb.cmp("==", s, NEG_INF, hint="dropped")
+
     def base2(self, kb: KernelBuilder, s: SSAValue) -> SSAValue:
         """The scores in base 2 (already so when LOG2E is in the scores' scale)."""
         return s if self.log2e_folded else kb.mul(s, LOG2E, hint="s2")
@@ -280,9 +286,14 @@ class BackwardLowering(Lowering):
         delta: SSAValue,
         env: dict[SSAValue, SSAValue],
         ctx: ScoreCtx,
+        dropped: SSAValue | None = None,
     ) -> SSAValue:
         """dS = P (dP - delta), then back through the score ops' derivatives; zero where P is
-        zero (a derivative evaluated at a masked or out-of-range score may not be finite)."""
+        zero (a derivative evaluated at a masked or out-of-range score may not be finite).
+
+        `dropped`, in a partial block, is where the masks remove a score: dS is zero there
+        whatever dP and delta hold (a NaN in V at a masked key makes dP NaN, a NaN query's
+        row has a NaN delta), as autograd of the reference's `where(mask, s, -inf)` gives."""
         assert self.plan.qk_grad is not None and self.plan.softmax_grad is not None
         env[self.plan.softmax_grad.ds] = kb.mul(pr, kb.sub(dp, delta), hint="ds")
         for op in self.plan.score_grads:
@@ -295,6 +306,8 @@ class BackwardLowering(Lowering):
         ds = env[self.plan.qk_grad.ds]
         if self.guard:
             ds = kb.where(kb.cmp("==", pr, 0.0), 0.0, ds, hint="ds")
+        if dropped is not None:
+            ds = kb.where(dropped, 0.0, ds, hint="ds_kept")
         return ds
 
     # ------------------------------------------------------------------ the chains' derivatives
@@ -499,6 +512,8 @@ class BackwardLowering(Lowering):
                     lse = self.row_stat(ib, lse_ptr, row_base, offs_m, row_ok, POS_INF, "lse")
                     lse2 = ib.mul(ib.where(ib.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2")
                     pt = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), ib.col(lse2)), hint="p")
+                    dropped = self.dropped(ib, s) if masked else None
+                    pt = ib.where(dropped, 0.0, pt, hint="p_kept") if dropped is not None else pt
                     do_t = self.tile(ib, do, do_base, m_off, rows, row_ok, self.dv, "do")
                     new = dict(c)
                     if self.need_dv:
@@ -506,7 +521,7 @@ class BackwardLowering(Lowering):
                     if self.need_dk:
                         dp = ib.dot(v_t, ib.emit(tl.TransOp(do_t)), None, self.precision, hint="dp")
                         delta = self.row_stat(ib, delta_ptr, row_base, offs_m, row_ok, 0.0, "delta")
-                        ds = self.score_grad(ib, p, pt, dp, ib.col(delta), env, ctx)
+                        ds = self.score_grad(ib, p, pt, dp, ib.col(delta), env, ctx, dropped)
                         new["dk"] = ib.dot(ib.cast(ds, self.dtype), q_t, c["dk"], self.precision, hint="dk")
                     return new
 
@@ -598,8 +613,10 @@ class BackwardLowering(Lowering):
                 if kv_ok is not None:
                     s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
                 pr = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), lse2), hint="p")
+                dropped = self.dropped(ib, s) if masked else None
+                pr = ib.where(dropped, 0.0, pr, hint="p_kept") if dropped is not None else pr
                 dp = ib.dot(do_t, ib.emit(tl.TransOp(v_t)), None, self.precision, hint="dp")
-                ds = self.score_grad(ib, p, pr, dp, delta, env, ctx)
+                ds = self.score_grad(ib, p, pr, dp, delta, env, ctx, dropped)
                 return {"dq": ib.dot(ib.cast(ds, self.kdtype), k_t, c["dq"], self.precision, hint="dq")}
 
             carried = kb.loop(lo, hi, block_n, carried, step)

@@ -56,6 +56,8 @@ HOST_NAMES = ("out", "lse", "k_rot", "q_rot", "dout", "delta", "dq", "dk", "dv",
 
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
+POS_INF = float("inf")
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -692,7 +694,19 @@ class Lowering:
         if qb.dv_ok is not None:
             vmask = ib.col(qb.dv_ok) if vmask is None else ib.and_(vmask, ib.col(qb.dv_ok))
         vv = ib.load(v_ptr, vmask, 0.0, hint="v")
-        acc_n = ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")
+        if not masked:
+            acc_n = ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")
+            return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
+        # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
+        # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite
+        # values are zeroed for the product, and the rows and channels that keep such a key
+        # get NaN, as they would in a full block.
+        v_bad = ib.or_(ib.cmp("!=", vv, vv), ib.cmp("==", ib.unary(tl.AbsOp, vv), POS_INF), hint="v_bad")
+        v_clean = ib.where(v_bad, 0.0, vv, hint="v_clean")
+        acc_n = ib.dot(ib.cast(pr, self.vdtype), v_clean, acc_s, self.precision, hint="acc_new")
+        kept = ib.cast(ib.cmp("!=", s, NEG_INF), self.vdtype, hint="kept")
+        hits = ib.dot(kept, ib.cast(v_bad, self.vdtype), None, self.precision, hint="v_bad_hits")
+        acc_n = ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")
         return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
 
     def epilogue(self, kb: KernelBuilder, p: Params, qb: QBlock, carried: dict[str, SSAValue]) -> None:
