@@ -31,9 +31,14 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // CHECK-NEXT:        %s{{(_[0-9]+)?}} = tl.mul %[[QK]], %[[C]]
 // CHECK:             %causal = tl.cmp "<="
 // CHECK:             %p = tl.exp2
+// A partial block: P is exactly 0 where the mask dropped the score (not exp2(-inf - NaN)).
+// CHECK:             %dropped = tl.cmp "==" %s_masked,
+// CHECK-NEXT:        %{{.*}} = tl.constant 0.0
+// CHECK-NEXT:        %p_kept = tl.where %dropped,
 // CHECK:             %dv_5 = tl.dot {{.*}}, %do acc %dv_4
 // CHECK:             %dp = tl.dot %v_1,
-// CHECK:             %ds = tl.mul %p,
+// CHECK:             %ds = tl.mul %p_kept,
+// CHECK:             %ds_kept = tl.where %dropped,
 // CHECK:             %dk_5 = tl.dot {{.*}}, %q acc %dk_4
 // CHECK:           tl.for %start_m_1 = %full_q_lo to %full_q_hi step %BLOCK_N
 // CHECK-NOT:         %causal
