@@ -27,11 +27,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse.passes.analysis import AttentionChains, analyse, variant_funcs
+from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 from attnfuse.passes.backward_to_tl import BackwardLowering
 from attnfuse.passes.forward_to_tl import ForwardLowering
 from attnfuse.passes.gluon_to_tl import GluonLowering
-from attnfuse.passes.kernel_path import GLUON, TRITON, kernel_path
+from attnfuse.passes.kernel_path import GLUON, TRITON, checked_kernel_path
 from attnfuse.passes.launcher_to_tl import LoweredFunction, arg_names
 
 FORWARD = "forward"
@@ -52,11 +52,17 @@ LOWERINGS: dict[tuple[str, str], PathLowering] = {
 class ConvertAttnToTlPass(ModulePass):
     """Replace each attention function by its Triton kernel(s) (`tl.kernel`) and a host
     launcher (`tl.launcher @launch`) that allocates the outputs and launches them, as the
-    function's kernel path (`LOWERINGS`) builds them."""
+    function's kernel path (`LOWERINGS`) builds them. The path kernel-path recorded is
+    checked first against the function and the target (`kernel_path.checked_kernel_path`)."""
 
     name = "convert-attn-to-tl"
 
+    sm: int | None = None
+    """Target SM version the function's kernel path is checked against; default: the module's
+    attn.target, else 90."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         funcs = variant_funcs(op)
         if len(funcs) > 1:
             raise DiagnosticException(
@@ -66,7 +72,7 @@ class ConvertAttnToTlPass(ModulePass):
         for f in funcs:
             chains = analyse(f)
             direction = BACKWARD if chains.is_backward else FORWARD
-            path, _ = kernel_path(f)
+            path, _ = checked_kernel_path(chains, sm)
             lower = LOWERINGS.get((direction, path))
             if lower is None:
                 raise DiagnosticException(
