@@ -65,6 +65,11 @@ class AttnFusePipelinePass(ModulePass):
         after each stage that runs (the compiler driver's per-stage IR dump uses it)."""
         if self.sm is not None:
             check_sm(self.sm, self.name)
+        if self.wrt and not self.backward:
+            raise ValueError(
+                f"attnfuse-pipeline wrt={','.join(map(str, self.wrt))} needs backward=true: wrt picks the arguments "
+                "the backward differentiates, and the forward has none"
+            )
         for name, make in STAGES:
             stage = make(self)
             if stage is not None:
@@ -95,6 +100,6 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             sm=o.sm, block_m=o.block_m, block_n=o.block_n, num_warps=o.num_warps, num_stages=o.num_stages
         ),
     ),
-    ("convert-attn-to-tl", lambda o: ConvertAttnToTlPass()),
+    ("convert-attn-to-tl", lambda o: ConvertAttnToTlPass(sm=o.sm)),
 ]
 """(stage name, how to build its pass from the pipeline's options, or None to skip it), in order."""

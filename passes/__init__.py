@@ -2,8 +2,11 @@
 
 The other modules serve them: `analysis` (the structure of a variant, shared by the
 passes), attn-autodiff's `region_grad` (derivatives of score_mod regions), and
-convert-attn-to-tl's parts: `tl_builder` (building tl IR), `qk_transforms_to_tl`,
-`region_to_tl`, `kv_segments` and `backward_to_tl` (the backward's kernels).
+convert-attn-to-tl's parts: one module per kernel path (`forward_to_tl`, the generic
+forward; `gluon_to_tl`, the sm90 Gluon forward; `backward_to_tl`, the backward, with its
+kernels in `backward_pre_to_tl`, `backward_dkdv_to_tl`, `backward_dq_to_tl` and
+`backward_epilogues_to_tl`), what the paths share (`kernel_lowering`, `launcher_to_tl`,
+`kv_segments`, `qk_transforms_to_tl`, `region_to_tl`) and `tl_builder` (building tl IR).
 """
 
 from collections.abc import Callable

@@ -222,7 +222,8 @@ def _erase_unused(block: Block) -> None:
 @dataclass(frozen=True)
 class AttnAutodiffPass(ModulePass):
     """Replace each attention function `@f` by its backward function `@f_grad`, which
-    recomputes the forward and applies the derivative of every block in reverse order."""
+    recomputes the forward and applies the derivative of every block in reverse order. A
+    function that is a backward already (it has `attn.wrt`: attn-autodiff ran) is an error."""
 
     name = "attn-autodiff"
 
@@ -233,7 +234,10 @@ class AttnAutodiffPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in variant_funcs(op):
             if "attn.wrt" in f.attributes:
-                continue  # a backward function already
+                raise DiagnosticException(
+                    f"attn-autodiff: func @{f.sym_name.data} is already a backward function (it has attn.wrt): "
+                    "attn-autodiff derives a forward function's backward, once"
+                )
             chains = analyse(f)
             wrt = self.wrt or tuple(sorted(differentiable_args(chains)))
             g = build_backward(chains, wrt)

@@ -22,11 +22,16 @@ written per program and summed by the launcher (`tl.host_sum`), again determinis
 
 Block sizes (`attn.tiling` of class `bwd`): BLOCK_M rows are owned by a program (keys in
 dK/dV, queries in dQ), BLOCK_N rows are one step of its loop.
+
+This module holds `BackwardLowering` (what the kernels share: the plan of derivative ops,
+tile loads and stores, the score gradient) and the launcher; each kernel has its module:
+`backward_pre_to_tl`, `backward_dkdv_to_tl`, `backward_dq_to_tl`, and their epilogues (the
+chains' derivatives) `backward_epilogues_to_tl`. The pre-rotation kernels are
+`kernel_lowering`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
@@ -38,12 +43,12 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E
 from attnfuse.dialects.tl import dtype_name
 from attnfuse.passes.analysis import AttentionChains
-from attnfuse.passes.convert_attn_to_tl import NEG_INF, KernelCall, Lowering, ScoreCtx
-from attnfuse.passes.kv_segments import kv_segments, q_segments
-from attnfuse.passes.qk_transforms_to_tl import RopeLayout
+from attnfuse.passes.backward_dkdv_to_tl import dkdv_kernel
+from attnfuse.passes.backward_dq_to_tl import dq_kernel
+from attnfuse.passes.backward_pre_to_tl import pre_kernel
+from attnfuse.passes.kernel_lowering import KernelLowering, ScoreCtx
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
-
-POS_INF = float("inf")
 
 ChainGrad = attn.ScaleOp | attn.RopeGradOp | attn.NormGradOp | attn.NormWeightGradOp
 
@@ -137,7 +142,7 @@ class Side:
     signed_pos: bool
 
 
-class BackwardLowering(Lowering):
+class BackwardLowering(KernelLowering):
     """Builds the kernels and the launcher of one backward function."""
 
     def __init__(self, chains: AttentionChains, arg_names: list[str]):
@@ -310,102 +315,7 @@ class BackwardLowering(Lowering):
             ds = kb.where(dropped, 0.0, ds, hint="ds_kept")
         return ds
 
-    # ------------------------------------------------------------------ the chains' derivatives
-    def chain_grad(
-        self,
-        kb: KernelBuilder,
-        p: Params,
-        side: Side,
-        g: SSAValue,
-        load: Callable[[SSAValue], SSAValue],
-        pos: SSAValue,
-        ok: SSAValue,
-        rows: SSAValue,
-        program: SSAValue,
-        prefix: str,
-    ) -> SSAValue:
-        """Apply `side`'s derivative ops to the gradient tile `g` [rows, head dim] (fp32);
-        `load(channels)` reads the untransformed tile, `program` indexes weight partials."""
-        normed: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}
-        """x and its rsqrt(mean(x^2) + eps) per norm input: a norm's weight gradient and its
-        input gradient read the same ones."""
-        for op in side.grads:
-            if isinstance(op, attn.ScaleOp):
-                g = kb.mul(g, op.value.value.data)
-            elif isinstance(op, attn.RopeGradOp):
-                g = self.rope_grad(kb, p, op, g, pos, ok, rows, prefix)
-            else:
-                if op.operands[1] not in normed:
-                    x = self.forward_value(kb, p, side, op.operands[1], load, pos, ok, prefix)
-                    total = kb.reduce("sum", kb.mul(x, x), 1)
-                    eps = op.eps.value.data
-                    normed[op.operands[1]] = (
-                        x,
-                        kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(self.d)), eps), hint=f"{prefix}_rstd"),
-                    )
-                x, r = normed[op.operands[1]]
-                if isinstance(op, attn.NormWeightGradOp):
-                    part = kb.reduce("sum", kb.mul(kb.mul(g, x), kb.row(r)), 0, hint=f"{prefix}_dw")
-                    self.store_partial(kb, p, op.dweight, part, program)
-                    continue
-                gw = g
-                if op.weight is not None:
-                    w = self.tensor(p, op.weight)
-                    offs = kb.arange(self.dpad)
-                    dmask = kb.cmp("<", offs, self.d) if self.dpad != self.d else None
-                    gw = kb.mul(g, kb.col(kb.cast(kb.load(kb.add(w.ptr, kb.mul(offs, w.strides[0])), dmask, 0.0), f32)))
-                proj = kb.div(kb.mul(kb.reduce("sum", kb.mul(gw, x), 1), kb.mul(r, r)), float(self.d))
-                g = kb.mul(kb.row(r), kb.sub(gw, kb.mul(x, kb.row(proj))), hint=f"{prefix}_dnorm")
-        return g
-
-    def forward_value(
-        self,
-        kb: KernelBuilder,
-        p: Params,
-        side: Side,
-        value: SSAValue,
-        load: Callable[[SSAValue], SSAValue],
-        pos: SSAValue,
-        ok: SSAValue,
-        prefix: str,
-    ) -> SSAValue:
-        """The tile of `value`, an intermediate of `side`'s forward chain, recomputed."""
-        upto = 0 if value is side.arg else next(i + 1 for i, op in enumerate(side.chain) if op.results[0] is value)
-        return self.qk.transformed(kb, p, side.chain[:upto], load, pos, ok, True, f"{prefix}_x", side.signed_pos)
-
-    def rope_grad(
-        self,
-        kb: KernelBuilder,
-        p: Params,
-        op: attn.RopeGradOp,
-        g: SSAValue,
-        pos: SSAValue,
-        ok: SSAValue,
-        rows: SSAValue,
-        prefix: str,
-    ) -> SSAValue:
-        """g rotated back: g * cos - partner(g) * sign * sin, i.e. the rotation at -pos."""
-        layout = RopeLayout(op.style_name, op.rotary_dim.value.data)
-        offs_d, partner = self.qk.channels(kb, layout)
-        assert partner is not None
-        index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
-        gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
-        neg = kb.sub(0, pos, hint=f"{prefix}_neg_pos")
-        return self.qk.rotated(kb, p, op, layout, g, gp, offs_d, neg, ok, True, f"{prefix}_back", True)
-
-    def store_partial(self, kb: KernelBuilder, p: Params, dweight: SSAValue, part: SSAValue, program: SSAValue) -> None:
-        """Write one program's share of a learned weight's gradient: a row of a float32
-        [programs, head dim] buffer that the launcher sums."""
-        index = self.plan.wrt[self.plan.returned.index(dweight)]
-        name = f"grad_{index}"
-        ptr = p.param(f"{name}_part", tl.PointerType(f32), f"{name}_part")
-        offs = kb.arange(self.dpad)
-        dmask = kb.cmp("<", offs, self.d) if self.dpad != self.d else None
-        kb.store(kb.add(kb.add(ptr, kb.mul(kb.cast(program, i64), self.dpad)), offs), part, dmask)
-        if f"{name}_part" not in self.partials:
-            self.partials.append(f"{name}_part")
-
-    # ------------------------------------------------------------------ kernels
+    # ------------------------------------------------------------------ the kernels' parameters
     def loop_params(self, p: Params) -> tuple:
         """The parameters the dK/dV and dQ kernels share: the q and k tiles' sources, v, dout,
         lse, delta, NQ, NK, BLOCK_M and BLOCK_N."""
@@ -420,237 +330,23 @@ class BackwardLowering(Lowering):
         block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
         return qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n
 
-    def pre_kernel(self) -> KernelCall:
-        """`attn_bwd_pre`: delta = rowsum(dout * out); with a sink, each program's share of
-        -sum(exp(sink - lse) * delta)."""
-        p = Params()
-        kb = KernelBuilder(p, p.block)
-        out_name, lse_name, dout_name = self.host_of(3), self.host_of(2), self.host_of(1)
-        o = self.typed_tensor(p, "out", out_name, self.dtype)
-        do = self.typed_tensor(p, "dout", dout_name, self.dtype)
-        delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
-        nq = p.param("NQ", i32, f"{out_name}.shape[2]")
-        block = p.param("BLOCK", i32, "64", constexpr=True)
-        pid_m = kb.emit(tl.ProgramIdOp(0), "pid_m")
-        pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-        b_off = kb.cast(kb.floordiv(pid_bh, self.hq), i64, hint="b_off")
-        h_off = kb.cast(kb.rem(pid_bh, self.hq), i64, hint="h_off")
-        m_start = kb.mul(pid_m, block, hint="m_start")
-        m_off = kb.cast(m_start, i64)
-        rows = kb.arange(block, hint="rows")
-        ok = kb.cmp("<", kb.add(m_start, rows), nq, hint="row_ok")
-        o_t = kb.cast(self.tile(kb, o, self.base(kb, o, b_off, h_off), m_off, rows, ok, self.dv, "o"), f32)
-        do_t = kb.cast(self.tile(kb, do, self.base(kb, do, b_off, h_off), m_off, rows, ok, self.dv, "do"), f32)
-        delta = kb.reduce("sum", kb.mul(o_t, do_t), 1, hint="delta")
-        row_base = kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off, hint="row_base")
-        kb.store(kb.add(kb.add(delta_ptr, row_base), rows), delta, ok)
-        sink_grad = self.plan.sink_grad
-        if sink_grad is not None and self.plan.needs(sink_grad.dsink):
-            lse_ptr = p.param("Lse", tl.PointerType(f32), lse_name)
-            sink = self.tensor(p, sink_grad.sink)
-            sk = kb.cast(kb.load(kb.add(sink.ptr, kb.mul(h_off, sink.strides[0])), hint="sink"), f32)
-            lse = kb.load(kb.add(kb.add(lse_ptr, row_base), rows), ok, 0.0, hint="lse")
-            share = kb.where(ok, kb.mul(kb.unary(tl.ExpOp, kb.sub(sk, lse)), delta), 0.0)
-            part_ptr = p.param("DSink_part", tl.PointerType(f32), "dsink_part")
-            programs = kb.add(kb.mul(kb.cast(pid_bh, i64), kb.emit(tl.NumProgramsOp(0))), kb.cast(pid_m, i64))
-            kb.store(kb.add(part_ptr, programs), kb.sub(0.0, kb.reduce("sum", share, 0)))
-        p.block.add_op(tl.ReturnOp())
-        grid = [f"_cdiv({out_name}.shape[2], 64)", f"{out_name}.shape[0] * {self.hq}"]
-        return KernelCall(self.kernel("attn_bwd_pre", p), p, grid, 4, 1)
-
-    def dkdv_kernel(self) -> KernelCall:
-        """`attn_bwd_dkdv`: dK and dV of one KV block, over the Q blocks of its query heads."""
-        p = Params()
-        kb = KernelBuilder(p, p.block)
-        bkey, bq = self.block_m, self.block_n
-        qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = self.loop_params(p)
-        pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
-        pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-        b = kb.floordiv(pid_bh, self.hkv, hint="b")
-        hk = kb.rem(pid_bh, self.hkv, hint="h_kv")
-        b_off, hk_off = kb.cast(b, i64, hint="b_off"), kb.cast(hk, i64, hint="hk_off")
-        n_start = kb.mul(pid_n, block_m, hint="n_start")
-        n_off = kb.cast(n_start, i64, hint="n_off")
-        rows_n = kb.arange(block_m, hint="rows_n")
-        offs_n = kb.add(n_start, rows_n, hint="offs_n")
-        kv_ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
-        k_base = self.base(kb, ks, b_off, hk_off)
-        k_t = self.tile(kb, ks, k_base, n_off, rows_n, kv_ok, self.d, "k")
-        v_base = self.base(kb, v, b_off, hk_off)
-        v_t = self.tile(kb, v, v_base, n_off, rows_n, kv_ok, self.dv, "v")
-        shift = kb.sub(nk, nq, hint="q_shift")
-        k_hi = kb.minimum(kb.add(n_start, bkey - 1), kb.sub(nk, 1), hint="k_hi")
-        segments = q_segments(kb, self.kv_bounds, n_start, k_hi, shift, nq, bq)
-        group = self.hq // self.hkv
-        carried = {
-            "dk": kb.full([block_m, self.dpad], 0.0, f32, hint="dk"),
-            "dv": kb.full([block_m, pow2(self.dv)], 0.0, f32, hint="dv"),
-        }
-        kv_idx = kb.row(offs_n)
-
-        def head(hb: KernelBuilder, hg: SSAValue | None, c: dict[str, SSAValue]) -> dict[str, SSAValue]:
-            h = hk if hg is None else hb.add(hb.mul(hk, group), hg, hint="h")
-            h_off = hb.cast(h, i64, hint="h_off")
-            q_base = self.base(hb, qs, b_off, h_off)
-            do_base = self.base(hb, do, b_off, h_off)
-            row_base = hb.mul(hb.add(hb.mul(b_off, self.hq), h_off), nq, hint="row_base")
-            for lo, hi, masked in segments:
-
-                def step(ib: KernelBuilder, start_m: SSAValue, c: dict[str, SSAValue], masked=masked):
-                    rows = ib.arange(block_n, hint="rows_m")
-                    offs_m = ib.add(start_m, rows, hint="offs_m")
-                    row_ok = ib.cmp("<", offs_m, nq, hint="row_ok")
-                    m_off = ib.cast(start_m, i64, hint="m_off")
-                    q_t = self.tile(ib, qs, q_base, m_off, rows, row_ok, self.d, "q")
-                    s = ib.mul(ib.dot(k_t, ib.emit(tl.TransOp(q_t)), None, self.precision), self.score_scale, hint="s")
-                    q_pos = ib.add(offs_m, shift, hint="q_pos")
-                    docs = {a: ib.col(t) for a, t in self.doc_ids(ib, p, b_off, q_pos, row_ok).items()}
-                    valid = ib.and_(ib.row(kv_ok), ib.col(row_ok))
-                    ctx = ScoreCtx(b, h, b_off, ib.col(q_pos), kv_idx, ib.row(kv_ok), valid, docs, self.fast_tanh)
-                    env: dict[SSAValue, SSAValue] = {}
-                    s = self.score_ops(ib, p, s, ctx, masked, env)
-                    lse = self.row_stat(ib, lse_ptr, row_base, offs_m, row_ok, POS_INF, "lse")
-                    lse2 = ib.mul(ib.where(ib.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2")
-                    pt = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), ib.col(lse2)), hint="p")
-                    dropped = self.dropped(ib, s) if masked else None
-                    pt = ib.where(dropped, 0.0, pt, hint="p_kept") if dropped is not None else pt
-                    do_t = self.tile(ib, do, do_base, m_off, rows, row_ok, self.dv, "do")
-                    new = dict(c)
-                    if self.need_dv:
-                        new["dv"] = ib.dot(ib.cast(pt, self.dtype), do_t, c["dv"], self.precision, hint="dv")
-                    if self.need_dk:
-                        dp = ib.dot(v_t, ib.emit(tl.TransOp(do_t)), None, self.precision, hint="dp")
-                        delta = self.row_stat(ib, delta_ptr, row_base, offs_m, row_ok, 0.0, "delta")
-                        ds = self.score_grad(ib, p, pt, dp, ib.col(delta), env, ctx, dropped)
-                        new["dk"] = ib.dot(ib.cast(ds, self.dtype), q_t, c["dk"], self.precision, hint="dk")
-                    return new
-
-                c = hb.loop(lo, hi, block_n, c, step, iv_name="start_m")
-            return c
-
-        if group == 1:
-            carried = head(kb, None, carried)
-        else:
-            carried = kb.loop(0, group, 1, carried, lambda hb, hg, c: head(hb, hg, c), iv_name="hg")
-        k_name_host = self.host_name(self.chains.k_arg)
-        if self.need_dk:
-            orig = self.tensor(p, self.chains.k_arg)
-            orig_base = kb.add(self.base(kb, orig, b_off, hk_off), kb.mul(n_off, orig.strides[2]))
-
-            def load(chans: SSAValue) -> SSAValue:
-                return self.qk.load_tile(
-                    kb, orig_base, rows_n, kv_ok, orig.strides[2], orig.strides[3], chans, True, "k0"
-                )
-
-            program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_n, hint="program")
-            k_rope_pos = self.positions(kb, p, self.k.chain, offs_n, b_off, offs_n, kv_ok)
-            dk = self.chain_grad(
-                kb, p, self.k, kb.mul(carried["dk"], self.scale), load, k_rope_pos, kv_ok, rows_n, program, "dk"
-            )
-            dk_out = self.typed_tensor(p, "DK", "dk", self.kdtype)
-            self.store_tile(
-                kb, dk_out, self.base(kb, dk_out, b_off, hk_off), n_off, rows_n, kv_ok, self.d, kb.cast(dk, self.kdtype)
-            )
-        if self.need_dv:
-            dv_out = self.typed_tensor(p, "DV", "dv", self.vdtype)
-            self.store_tile(
-                kb,
-                dv_out,
-                self.base(kb, dv_out, b_off, hk_off),
-                n_off,
-                rows_n,
-                kv_ok,
-                self.dv,
-                kb.cast(carried["dv"], self.vdtype),
-            )
-        p.block.add_op(tl.ReturnOp())
-        grid = [f"_cdiv({k_name_host}.shape[2], {bkey})", f"{k_name_host}.shape[0] * {self.hkv}"]
-        return KernelCall(self.kernel("attn_bwd_dkdv", p), p, grid, self.num_warps, self.num_stages)
-
-    def dq_kernel(self) -> KernelCall:
-        """`attn_bwd_dq`: dQ of one Q block, over the KV blocks it attends to."""
-        p = Params()
-        kb = KernelBuilder(p, p.block)
-        bm, bn = self.block_m, self.block_n
-        qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = self.loop_params(p)
-        q_name = self.host_name(self.chains.q_arg)
-        ids = self.q_program(kb, block_m, nq, nk)
-        pid_bh, num_q_blocks, pid_m, b, h = ids.pid_bh, ids.num_q_blocks, ids.pid_m, ids.b, ids.h
-        b_off, h_off, hk_off, m_start, m_off = ids.b_off, ids.h_off, ids.hk_off, ids.m_start, ids.m_off
-        rows_m, offs_m, row_ok, shift, q_pos = ids.rows_m, ids.offs_m, ids.row_ok, ids.shift, ids.q_pos
-        q_t = self.tile(kb, qs, self.base(kb, qs, b_off, h_off), m_off, rows_m, row_ok, self.d, "q")
-        do_t = self.tile(kb, do, self.base(kb, do, b_off, h_off), m_off, rows_m, row_ok, self.dv, "do")
-        row_base = kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off, hint="row_base")
-        lse = self.row_stat(kb, lse_ptr, row_base, rows_m, row_ok, POS_INF, "lse")
-        lse2 = kb.row(kb.mul(kb.where(kb.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2"))
-        delta = kb.row(self.row_stat(kb, delta_ptr, row_base, rows_m, row_ok, 0.0, "delta"))
-        k_base, v_base = self.base(kb, ks, b_off, hk_off), self.base(kb, v, b_off, hk_off)
-        q_idx = kb.row(q_pos)
-        docs = {a: kb.row(t) for a, t in self.doc_ids(kb, p, b_off, q_pos, row_ok).items()}
-        q_lo = kb.add(m_start, shift, hint="q_lo")
-        q_hi = kb.minimum(kb.add(q_lo, bm - 1), kb.sub(nk, 1), hint="q_hi")
-        carried = {"dq": kb.full([block_m, self.dpad], 0.0, f32, hint="dq")}
-        for lo, hi, masked in kv_segments(kb, self.kv_bounds, q_lo, q_hi, nk, bn):
-            if lo is hi:
-                continue
-
-            def step(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue], masked=masked):
-                rows = ib.arange(block_n, hint="rows_n")
-                offs_n = ib.add(start_n, rows, hint="offs_n")
-                kv_ok = ib.cmp("<", offs_n, nk, hint="kv_ok") if masked else None
-                n_off = ib.cast(start_n, i64, hint="n_off")
-                k_t = self.tile(ib, ks, k_base, n_off, rows, kv_ok, self.d, "k")
-                v_t = self.tile(ib, v, v_base, n_off, rows, kv_ok, self.dv, "v")
-                s = ib.mul(ib.dot(q_t, ib.emit(tl.TransOp(k_t)), None, self.precision), self.score_scale, hint="s")
-                if kv_ok is not None:
-                    kv_ok_col = ib.col(kv_ok)
-                    valid = ib.and_(ib.row(row_ok), kv_ok_col)
-                else:
-                    kv_ok_col = valid = ib.row(row_ok)
-                ctx = ScoreCtx(b, h, b_off, q_idx, ib.col(offs_n), kv_ok_col, valid, docs, self.fast_tanh)
-                env: dict[SSAValue, SSAValue] = {}
-                s = self.score_ops(ib, p, s, ctx, masked, env)
-                if kv_ok is not None:
-                    s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
-                pr = ib.unary(tl.Exp2Op, ib.sub(self.base2(ib, s), lse2), hint="p")
-                dropped = self.dropped(ib, s) if masked else None
-                pr = ib.where(dropped, 0.0, pr, hint="p_kept") if dropped is not None else pr
-                dp = ib.dot(do_t, ib.emit(tl.TransOp(v_t)), None, self.precision, hint="dp")
-                ds = self.score_grad(ib, p, pr, dp, delta, env, ctx, dropped)
-                return {"dq": ib.dot(ib.cast(ds, self.kdtype), k_t, c["dq"], self.precision, hint="dq")}
-
-            carried = kb.loop(lo, hi, block_n, carried, step)
-        orig = self.tensor(p, self.chains.q_arg)
-        orig_base = kb.add(self.base(kb, orig, b_off, h_off), kb.mul(m_off, orig.strides[2]))
-
-        def load(chans: SSAValue) -> SSAValue:
-            return self.qk.load_tile(kb, orig_base, rows_m, row_ok, orig.strides[2], orig.strides[3], chans, True, "q0")
-
-        program = kb.add(kb.mul(pid_bh, num_q_blocks), pid_m, hint="program")
-        q_rope_pos = self.positions(kb, p, self.q.chain, q_pos, b_off, offs_m, row_ok)
-        dq = self.chain_grad(
-            kb, p, self.q, kb.mul(carried["dq"], self.scale), load, q_rope_pos, row_ok, rows_m, program, "dq"
-        )
-        dq_out = self.typed_tensor(p, "DQ", "dq", self.dtype)
-        self.store_tile(
-            kb, dq_out, self.base(kb, dq_out, b_off, h_off), m_off, rows_m, row_ok, self.d, kb.cast(dq, self.dtype)
-        )
-        p.block.add_op(tl.ReturnOp())
-        grid = [f"{q_name}.shape[0] * {self.hq}", f"_cdiv({q_name}.shape[2], {bm})"]
-        return KernelCall(self.kernel("attn_bwd_dq", p), p, grid, self.num_warps, self.num_stages)
-
     # ------------------------------------------------------------------ the launcher
+    def lower(self) -> LoweredFunction:
+        """The backward's kernels and their launcher."""
+        calls = self.kernels()
+        return LoweredFunction([c.kernel for c in calls], self.backward_launcher(calls))
+
     def kernels(self) -> list[KernelCall]:
-        calls = [self.pre_kernel()]
+        calls = [pre_kernel(self)]
         if not (self.need_dk or self.need_dv or self.need_dq):
             return calls  # only a sink's gradient: delta and the sink's shares
         for side, which in ((self.q, "q"), (self.k, "k")):
             if side.pre:
                 calls.append(self.rotate_kernel(which))
         if self.need_dk or self.need_dv:
-            calls.append(self.dkdv_kernel())
+            calls.append(dkdv_kernel(self))
         if self.need_dq:
-            calls.append(self.dq_kernel())
+            calls.append(dq_kernel(self))
         return calls
 
     def backward_launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
@@ -665,19 +361,19 @@ class BackwardLowering(Lowering):
 
         rotated = {c.kernel.sym_name.data for c in calls}
         if "rotate_q" in rotated:
-            ops.append(self.alloc_like("q_rot", q, self.hq, self.d, self.dtype))
+            ops.append(alloc_like("q_rot", q, self.hq, self.d, self.dtype))
         if "rotate_k" in rotated:
-            ops.append(self.alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
+            ops.append(alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
         if self.need_dq:
-            ops.append(self.alloc_like("dq", q, self.hq, self.d, self.dtype))
+            ops.append(alloc_like("dq", q, self.hq, self.d, self.dtype))
         if self.need_dk:
-            ops.append(self.alloc_like("dk", k, self.hkv, self.d, self.kdtype))
+            ops.append(alloc_like("dk", k, self.hkv, self.d, self.kdtype))
         if self.need_dv:
-            ops.append(self.alloc_like("dv", v, self.hkv, self.dv, self.vdtype))
+            ops.append(alloc_like("dv", v, self.hkv, self.dv, self.vdtype))
         ops += self.partial_buffers(calls, f"{q}.device")
         ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
-            ops.append(tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages))
+            ops.append(call_op(c))
         ops += self.gradients_returned()
         return tl.LauncherOp("launch", self.names, ops)
 

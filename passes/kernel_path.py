@@ -46,6 +46,7 @@ from xdsl.context import Context
 from xdsl.dialects import math
 from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import attn
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
@@ -120,6 +121,45 @@ def kernel_path(f: object) -> tuple[str, int]:
     if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
         return TRITON, 0
     return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
+
+
+def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
+    """`kernel_path` of `v`'s function, checked against the function and the target `sm`: an
+    `attn.kernel_path` written by hand (or left from another target) must name a known path,
+    give the Gluon kernel only a function it takes on sm 90 (a forward; q, k and v all bf16 or
+    all f16; one head dim, 64 or 128; an integer min_len of at least 128), and its approximate
+    tanh only to bf16/f16 inputs on a GPU. A DiagnosticException names the function and what
+    is wrong."""
+    f = v.func
+    where = f"func @{f.sym_name.data}: attn.kernel_path"
+    entry = f.attributes.get("attn.kernel_path")
+    if entry is None:
+        return TRITON, 0
+    path = entry.data.get("path") if isinstance(entry, DictionaryAttr) else None
+    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON):
+        raise DiagnosticException(f'{where} must be a dictionary with path = "{GLUON}" or "{TRITON}", got {entry}')
+    assert isinstance(entry, DictionaryAttr)
+    tanh = entry.data.get("tanh")
+    if tanh is not None:
+        if tanh not in (StringAttr("approx"), StringAttr("approx-gluon")):
+            raise DiagnosticException(f'{where} tanh must be "approx" or "approx-gluon", got {tanh}')
+        if sm == 0 or not isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type):
+            raise DiagnosticException(
+                f"{where} says tanh = {tanh}, but the approximate tanh instruction needs bf16/f16 inputs on a "
+                f"GPU, got {v.q_type.get_element_type()} at sm {sm}"
+            )
+    if path.data == TRITON:
+        return TRITON, 0
+    min_len = entry.data.get("min_len")
+    if not isinstance(min_len, IntegerAttr) or min_len.value.data < GLUON_BLOCK:
+        raise DiagnosticException(f"{where} says {GLUON} with min_len {min_len}: expected an integer >= {GLUON_BLOCK}")
+    n = min_len.value.data
+    reason = gluon_refusal(v, sm, n, n, (64, 128))
+    if reason is not None:
+        raise DiagnosticException(
+            f"{where} says {GLUON}, but the Gluon kernel cannot compute it: {reason} (run kernel-path to choose)"
+        )
+    return GLUON, n
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 """The sm90 Gluon attention kernel: the core that the `gluon-sm90` kernel path launches.
 
 Generated modules whose launcher holds a `tl.gluon_attention` op carry this file's code, from
-its first `triton.experimental` import on (`printer.gluon_source`), as they carry the
-prelude; here it is an ordinary module, linted and compiled for sm90 by the tests.
+its first `triton.experimental` import on, after that of `gluon_common.py` (the tile order, the
+TMA ring and its mbarriers, the ping-pong the sm90 kernels share; `printer.gluon_source`), as
+they carry the prelude; here it is an ordinary module, linted and compiled for sm90 by the tests.
 
 What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
 q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64 or
@@ -45,6 +46,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnfuse.targets.triton.gluon_common import (
+    _gl_barriers,
+    _gl_block_classes,
+    _gl_pass_turn,
+    _gl_ring_alloc,
+    _gl_ring_init,
+    _gl_ring_load,
+    _gl_ring_release,
+    _gl_ring_wait,
+    _gl_ring_wait_free,
+    _gl_take_turn,
+    _gl_tile_order,
+    _gl_turns_init,
+)
+
 # fmt: off
 _GL_BLOCK = 128
 _GL_LOG2E = 1.4426950408889634
@@ -57,16 +73,12 @@ def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.
     blocks [j0 + 1, a) and [b, j_end) are masked, blocks [a, b) need no mask. Without a RANGE
     hook the mask is causal or none; with one, RANGE(q_lo, q_hi, N) gives the keys some
     query of the tile keeps, [lo, hi), and those every query keeps, [full_lo, full_hi)."""
-    off_hz = gl.program_id(0)
-    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+    off_hz, pid_m = _gl_tile_order()
     q_row0 = off_hz * N + pid_m * BLOCK_M
     kv_row0 = (off_hz // GROUP) * N
     if RANGE is not None:
         lo, f_lo, f_hi, hi = RANGE(pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M - 1, N)
-        j0 = lo // BLOCK_N
-        a = gl.maximum((f_lo + BLOCK_N - 1) // BLOCK_N, j0 + 1)
-        b = gl.maximum(f_hi // BLOCK_N, a)
-        j_end = (hi + BLOCK_N - 1) // BLOCK_N
+        j0, a, b, j_end = _gl_block_classes(lo, f_lo, f_hi, hi, BLOCK_N)
     elif CAUSAL:
         j0 = 0
         a = 1
@@ -148,19 +160,6 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0):
 
 
 @gluon.jit
-def _gl_take_turn(turn_bars, event, WG: gl.constexpr):
-    """Ping-pong: a consumer's wgmma issue number `event` waits until the other consumer
-    has issued its previous one."""
-    mbarrier.wait(turn_bars.index(WG), (event & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _gl_pass_turn(turn_bars, WG: gl.constexpr):
-    """Ping-pong: the other consumer may issue its wgmmas now."""
-    mbarrier.arrive(turn_bars.index(1 - WG), count=1)
-
-
-@gluon.jit
 def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS, j0, lo, hi,
                MASKED: gl.constexpr, HOOK: gl.constexpr, NATURAL: gl.constexpr, SAFE: gl.constexpr,
                STAGES: gl.constexpr, WG: gl.constexpr):
@@ -179,8 +178,8 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, 
         i = j - j0
         slot = i % STAGES
         prev = (i - 1) % STAGES
-        mbarrier.wait(k_bars.index(slot), (i // STAGES) & 1)
-        mbarrier.wait(v_bars.index(prev), ((i - 1) // STAGES) & 1)
+        _gl_ring_wait(k_bars, i, STAGES)
+        _gl_ring_wait(v_bars, i - 1, STAGES)
         _gl_take_turn(turn_bars, i, WG)
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
@@ -191,7 +190,7 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, 
         p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED, SAFE)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
-        mbarrier.arrive(empty_bars.index(prev), count=1)
+        _gl_ring_release(empty_bars, i - 1, STAGES)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p_op = gl.convert_layout(p.to(k_desc.dtype), p_op.type.layout)
     return acc, m_i, l_i, p_op
@@ -231,7 +230,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
     mbarrier.wait(q_bar, 0)
     if rope[0] is not None or q_norm[1] is not None:
         _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0)
-    mbarrier.wait(k_bars.index(0), 0)
+    _gl_ring_wait(k_bars, 0, STAGES)
     _gl_take_turn(turn_bars, 0, WG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _gl_pass_turn(turn_bars, WG)
@@ -249,7 +248,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
         acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
                                          j0, b, j_end, CAUSAL, SCORE_MASKED, NATURAL, SAFE, STAGES, WG)
     last = j_end - 1 - j0
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    _gl_ring_wait(v_bars, last, STAGES)
     _gl_take_turn(turn_bars, last + 1, WG)
     acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
     _gl_pass_turn(turn_bars, WG)
@@ -290,13 +289,10 @@ def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constex
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_bar, q_smem)
     for i in range(j_end - j0):
-        slot = i % STAGES
-        mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1)
+        _gl_ring_wait_free(empty_bars, i, STAGES)
         row = kv_row0 + (j0 + i) * BLOCK_N
-        mbarrier.expect(k_bars.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, 0], k_bars.index(slot), k_smem.index(slot))
-        mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, 0], v_bars.index(slot), v_smem.index(slot))
+        _gl_ring_load(k_desc, row, k_bars, k_smem, i, STAGES)
+        _gl_ring_load(v_desc, row, v_bars, v_smem, i, STAGES)
 
 
 @gluon.jit
@@ -319,20 +315,16 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     rope = (cos_ptr, sin_ptr)
     q_norm = (qn_w_ptr, qn_eps)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    k_smem = _gl_ring_alloc(k_desc, STAGES)
+    v_smem = _gl_ring_alloc(k_desc, STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = _gl_barriers(STAGES)
+    v_bars = _gl_barriers(STAGES)
+    empty_bars = _gl_barriers(STAGES)
+    turn_bars = _gl_barriers(2)
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
+    _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, 2)  # released by both consumers
+    _gl_turns_init(turn_bars)
     fence_async_shared()
     bufs = (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
     gl.warp_specialize(

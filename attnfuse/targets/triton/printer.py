@@ -57,16 +57,36 @@ def prelude_source() -> str:
     return "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
 
 
+GLUON_FILES = ("gluon_common.py", "gluon_sm90.py")
+"""The Gluon kernel library, in the order generated modules carry it: the pieces the sm90
+kernels share, then the kernels."""
+
+
 @functools.cache
 def gluon_source() -> str:
-    """The code of `gluon_sm90.py` from its first `triton.experimental` import on: the sm90
-    Gluon kernel, as generated modules that launch it carry it."""
-    text = importlib.resources.files(__name__.rpartition(".")[0]).joinpath("gluon_sm90.py").read_text(encoding="utf-8")
-    tree = ast.parse(text)
-    first = next(
-        s for s in tree.body if isinstance(s, ast.ImportFrom) and (s.module or "").startswith("triton.experimental")
-    )
-    return "import functools\n\n" + "".join(text.splitlines(keepends=True)[first.lineno - 1 :])
+    """The code of `GLUON_FILES`, each from its first `triton.experimental` import on: the sm90
+    Gluon kernel, as generated modules that launch it carry it. Their imports come first, each
+    once; imports of AttnFuse's own modules (the kernels' of `gluon_common`) are dropped, as the
+    carried code defines those names itself."""
+    imports: list[str] = []
+    bodies: list[str] = []
+    for name in GLUON_FILES:
+        text = importlib.resources.files(__name__.rpartition(".")[0]).joinpath(name).read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        tree = ast.parse(text)
+        first = next(
+            s for s in tree.body if isinstance(s, ast.ImportFrom) and (s.module or "").startswith("triton.experimental")
+        )
+        skipped: set[int] = set()
+        for s in tree.body:
+            if s.lineno >= first.lineno and isinstance(s, ast.Import | ast.ImportFrom):
+                code = "".join(lines[s.lineno - 1 : s.end_lineno])
+                own = isinstance(s, ast.ImportFrom) and (s.module or "").startswith("attnfuse")
+                if not own and code not in imports:
+                    imports.append(code)
+                skipped.update(range(s.lineno - 1, s.end_lineno or s.lineno))
+        bodies.append("".join(line for i, line in enumerate(lines) if i >= first.lineno - 1 and i not in skipped))
+    return "import functools\n\n" + "".join(imports) + "".join(bodies)
 
 
 _INLINE = (tl.BinaryOp, tl.CmpOp, tl.UnaryOp, tl.ExpandDimsOp, tl.CastOp, tl.ArangeOp, tl.WhereOp, tl.ReduceOp)
@@ -167,7 +187,7 @@ class TritonPrinter:
         if any(isinstance(op, tl.FastTanhOp) for op in module.walk()):
             self.out.write(FAST_TANH)
         if any(isinstance(op, tl.GluonAttentionOp) for op in module.walk()):
-            self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_sm90.py).\n")
+            self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_*.py: GLUON_FILES).\n")
             self.out.write(gluon_source())
         for op in module.ops:
             self.out.write("\n\n")

@@ -9,6 +9,10 @@
 // RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{tile=64}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
 // RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{sm=7}' 2>&1 | filecheck %s --check-prefix=BADSM
 
+// wrt picks the backward's gradients: without backward=true it is an error, not ignored.
+// RUN: not attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 wrt=2,0}' 2>&1 | filecheck %s --check-prefix=WRT
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 backward=true wrt=2}' | filecheck %s --check-prefix=WRTBWD
+
 func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x?x32xf16>) -> tensor<?x4x?x32xf16> {
   %kr = attn.rope %k interleaved theta = 10000.0 rotary_dim = 32 : tensor<?x2x?x32xf16>
   %s = attn.qk %q, %kr : tensor<?x4x?x32xf16>, tensor<?x2x?x32xf16> -> !attn.scores<4>
@@ -29,3 +33,7 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // BADBLOCK:      attnfuse-opt: error: tiling block-m must be a power of two in [16, 256], got 48
 // UNKNOWN:       attnfuse-opt: error: {{.*}}Provided arguments ["tile"] not found in expected arguments
 // BADSM:         attnfuse-opt: error: attnfuse-pipeline sm must be 0 (the CPU interpreter) or a CUDA compute capability from 70 to 129 (e.g. 80, 90), got 7
+// WRT-NOT:       Traceback
+// WRT:           attnfuse-opt: error: attnfuse-pipeline wrt=2,0 needs backward=true: wrt picks the arguments the backward differentiates, and the forward has none
+// WRTBWD:        tl.launcher "launch"
+// WRTBWD:        tl.host_return ["(dv,)"]

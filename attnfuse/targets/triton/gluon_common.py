@@ -1,0 +1,128 @@
+# type: ignore
+"""What the sm90 Gluon kernels share: the tile order, the TMA ring with its mbarriers and the
+ping-pong between consumer partitions. `gluon_sm90.py` (the forward) is built from them; an sm90
+backward, decode or FP8 kernel takes them from here rather than copying them.
+
+Generated modules that launch a Gluon kernel carry this file's code before the kernel's
+(`printer.gluon_source`), from its first `triton.experimental` import on, so it imports
+only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
+
+- Tile order (`_gl_tile_order`, `_gl_block_classes`): one program per (batch*head, tile) on a
+  (B*H, tiles) grid, the heaviest tiles (the last, under a causal mask) launched first; the
+  blocks a tile visits, split into a first block, masked, unmasked and masked blocks, from the
+  bounds a range hook gives.
+- The TMA ring: STAGES shared-memory slots per operand (`_gl_ring_alloc`), each guarded by a
+  ready mbarrier per operand and one empty mbarrier (`_gl_barriers`, `_gl_ring_init`). The producer waits until
+  a slot is free (`_gl_ring_wait_free`; the first STAGES waits pass at once) and loads block i
+  into slot i % STAGES (`_gl_ring_load`); a consumer waits for it (`_gl_ring_wait`) and releases
+  it when done (`_gl_ring_release`). Phases: the (i // STAGES)-th use of a slot waits for phase
+  (i // STAGES) & 1.
+- Ping-pong (`_gl_take_turn`, `_gl_pass_turn`): two consumer warpgroups take turns issuing
+  their asynchronous wgmmas through two turn mbarriers (`_gl_barriers(2)`, `_gl_turns_init`), so one's
+  softmax runs while the other's products occupy the tensor cores.
+"""
+
+# Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
+# Python that a static type checker can follow; pyright skips this file.
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+# fmt: off
+
+
+@gluon.jit
+def _gl_tile_order():
+    """This program's batch*head and tile, heaviest tile first: the grid's second axis walked
+    from its last tile (under a causal mask the last Q tiles do the most work, and starting
+    them first shortens the launch's tail)."""
+    off_hz = gl.program_id(0)
+    tile = gl.num_programs(1) - 1 - gl.program_id(1)
+    return off_hz, tile
+
+
+@gluon.jit
+def _gl_block_classes(lo, f_lo, f_hi, hi, BLOCK_N: gl.constexpr):
+    """The blocks of BLOCK_N rows a tile visits, from a range hook's bounds: rows [lo, hi) hold
+    some kept score, rows [f_lo, f_hi) only kept ones. Returns (j0, a, b, j_end): blocks
+    [j0, j_end) are visited; block j0 and blocks [j0 + 1, a) and [b, j_end) are masked, blocks
+    [a, b) need no mask."""
+    j0 = lo // BLOCK_N
+    a = gl.maximum((f_lo + BLOCK_N - 1) // BLOCK_N, j0 + 1)
+    b = gl.maximum(f_hi // BLOCK_N, a)
+    j_end = (hi + BLOCK_N - 1) // BLOCK_N
+    return j0, a, b, j_end
+
+
+@gluon.jit
+def _gl_ring_alloc(desc, STAGES: gl.constexpr):
+    """STAGES shared-memory slots, each one block of the TMA descriptor `desc`."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
+def _gl_barriers(COUNT: gl.constexpr):
+    """COUNT mbarriers in shared memory (`_gl_ring_init`, `_gl_turns_init` initialise them).
+    A kernel allocates all its buffers and barriers before it initialises any."""
+    return gl.allocate_shared_memory(gl.int64, [COUNT, 1], mbarrier.MBarrierLayout())
+
+
+@gluon.jit
+def _gl_ring_init(ready_a, ready_b, empty_bars, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Initialise a ring of STAGES slots streaming two operands (K and V; Q and dO): per slot a
+    ready barrier for each (one arrival: the TMA load's) and an empty barrier that completes
+    once all CONSUMERS released the slot."""
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_a.index(i), count=1)
+        mbarrier.init(ready_b.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+
+
+@gluon.jit
+def _gl_ring_wait_free(empty_bars, i, STAGES: gl.constexpr):
+    """Producer: wait until the slot of ring position i is free (every consumer released the
+    block that used it before; the first STAGES waits pass at once)."""
+    mbarrier.wait(empty_bars.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
+
+
+@gluon.jit
+def _gl_ring_load(desc, row, ready_bars, smem, i, STAGES: gl.constexpr):
+    """Producer: TMA-load the block of `desc` at `row` into the slot of ring position i; its
+    ready barrier completes when the bytes have landed."""
+    slot = i % STAGES
+    mbarrier.expect(ready_bars.index(slot), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [row, 0], ready_bars.index(slot), smem.index(slot))
+
+
+@gluon.jit
+def _gl_ring_wait(ready_bars, i, STAGES: gl.constexpr):
+    """Consumer: wait until the block of ring position i has landed in its slot."""
+    mbarrier.wait(ready_bars.index(i % STAGES), (i // STAGES) & 1)
+
+
+@gluon.jit
+def _gl_ring_release(empty_bars, i, STAGES: gl.constexpr):
+    """Consumer: done with the slot of ring position i (the producer may refill it once every
+    consumer has released it)."""
+    mbarrier.arrive(empty_bars.index(i % STAGES), count=1)
+
+
+@gluon.jit
+def _gl_turns_init(turn_bars):
+    """Initialise the two ping-pong turn barriers (`_gl_barriers(2)`)."""
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+
+
+@gluon.jit
+def _gl_take_turn(turn_bars, event, WG: gl.constexpr):
+    """Ping-pong: a consumer's wgmma issue number `event` waits until the other consumer
+    has issued its previous one."""
+    mbarrier.wait(turn_bars.index(WG), (event & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _gl_pass_turn(turn_bars, WG: gl.constexpr):
+    """Ping-pong: the other consumer may issue its wgmmas now."""
+    mbarrier.arrive(turn_bars.index(1 - WG), count=1)

@@ -1,0 +1,118 @@
+"""The backward's epilogues (`backward_to_tl`): Q's and K's chains' derivatives, applied to the
+dQ and dK tiles before they are stored (the inverse rotation of a RoPE, the RMSNorm backward,
+a learned norm weight's per-program gradient share)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from xdsl.dialects.builtin import f32, i64
+from xdsl.ir import SSAValue
+
+from attnfuse.dialects import attn, tl
+from attnfuse.passes.qk_transforms_to_tl import RopeLayout
+from attnfuse.passes.tl_builder import KernelBuilder, Params
+
+if TYPE_CHECKING:
+    from attnfuse.passes.backward_to_tl import BackwardLowering, Side
+
+
+def chain_grad(
+    bl: BackwardLowering,
+    kb: KernelBuilder,
+    p: Params,
+    side: Side,
+    g: SSAValue,
+    load: Callable[[SSAValue], SSAValue],
+    pos: SSAValue,
+    ok: SSAValue,
+    rows: SSAValue,
+    program: SSAValue,
+    prefix: str,
+) -> SSAValue:
+    """Apply `side`'s derivative ops to the gradient tile `g` [rows, head dim] (fp32);
+    `load(channels)` reads the untransformed tile, `program` indexes weight partials."""
+    normed: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}
+    """x and its rsqrt(mean(x^2) + eps) per norm input: a norm's weight gradient and its
+    input gradient read the same ones."""
+    for op in side.grads:
+        if isinstance(op, attn.ScaleOp):
+            g = kb.mul(g, op.value.value.data)
+        elif isinstance(op, attn.RopeGradOp):
+            g = rope_grad(bl, kb, p, op, g, pos, ok, rows, prefix)
+        else:
+            if op.operands[1] not in normed:
+                x = forward_value(bl, kb, p, side, op.operands[1], load, pos, ok, prefix)
+                total = kb.reduce("sum", kb.mul(x, x), 1)
+                eps = op.eps.value.data
+                normed[op.operands[1]] = (
+                    x,
+                    kb.unary(tl.RsqrtOp, kb.add(kb.div(total, float(bl.d)), eps), hint=f"{prefix}_rstd"),
+                )
+            x, r = normed[op.operands[1]]
+            if isinstance(op, attn.NormWeightGradOp):
+                part = kb.reduce("sum", kb.mul(kb.mul(g, x), kb.row(r)), 0, hint=f"{prefix}_dw")
+                store_partial(bl, kb, p, op.dweight, part, program)
+                continue
+            gw = g
+            if op.weight is not None:
+                w = bl.tensor(p, op.weight)
+                offs = kb.arange(bl.dpad)
+                dmask = kb.cmp("<", offs, bl.d) if bl.dpad != bl.d else None
+                gw = kb.mul(g, kb.col(kb.cast(kb.load(kb.add(w.ptr, kb.mul(offs, w.strides[0])), dmask, 0.0), f32)))
+            proj = kb.div(kb.mul(kb.reduce("sum", kb.mul(gw, x), 1), kb.mul(r, r)), float(bl.d))
+            g = kb.mul(kb.row(r), kb.sub(gw, kb.mul(x, kb.row(proj))), hint=f"{prefix}_dnorm")
+    return g
+
+
+def forward_value(
+    bl: BackwardLowering,
+    kb: KernelBuilder,
+    p: Params,
+    side: Side,
+    value: SSAValue,
+    load: Callable[[SSAValue], SSAValue],
+    pos: SSAValue,
+    ok: SSAValue,
+    prefix: str,
+) -> SSAValue:
+    """The tile of `value`, an intermediate of `side`'s forward chain, recomputed."""
+    upto = 0 if value is side.arg else next(i + 1 for i, op in enumerate(side.chain) if op.results[0] is value)
+    return bl.qk.transformed(kb, p, side.chain[:upto], load, pos, ok, True, f"{prefix}_x", side.signed_pos)
+
+
+def rope_grad(
+    bl: BackwardLowering,
+    kb: KernelBuilder,
+    p: Params,
+    op: attn.RopeGradOp,
+    g: SSAValue,
+    pos: SSAValue,
+    ok: SSAValue,
+    rows: SSAValue,
+    prefix: str,
+) -> SSAValue:
+    """g rotated back: g * cos - partner(g) * sign * sin, i.e. the rotation at -pos."""
+    layout = RopeLayout(op.style_name, op.rotary_dim.value.data)
+    offs_d, partner = bl.qk.channels(kb, layout)
+    assert partner is not None
+    index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
+    gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
+    neg = kb.sub(0, pos, hint=f"{prefix}_neg_pos")
+    return bl.qk.rotated(kb, p, op, layout, g, gp, offs_d, neg, ok, True, f"{prefix}_back", True)
+
+
+def store_partial(
+    bl: BackwardLowering, kb: KernelBuilder, p: Params, dweight: SSAValue, part: SSAValue, program: SSAValue
+) -> None:
+    """Write one program's share of a learned weight's gradient: a row of a float32
+    [programs, head dim] buffer that the launcher sums."""
+    index = bl.plan.wrt[bl.plan.returned.index(dweight)]
+    name = f"grad_{index}"
+    ptr = p.param(f"{name}_part", tl.PointerType(f32), f"{name}_part")
+    offs = kb.arange(bl.dpad)
+    dmask = kb.cmp("<", offs, bl.d) if bl.dpad != bl.d else None
+    kb.store(kb.add(kb.add(ptr, kb.mul(kb.cast(program, i64), bl.dpad)), offs), part, dmask)
+    if f"{name}_part" not in bl.partials:
+        bl.partials.append(f"{name}_part")

@@ -1,0 +1,349 @@
+"""convert-attn-to-tl's generic forward (kernel path `triton`): the kernels of a forward
+function and their launcher.
+
+The main kernel, `attn_fwd`, is FlashAttention-2's forward: one program per (Q block,
+batch x head), in three parts.
+- Prologue: load the Q tile once, apply Q's transforms (RoPE, QK-norm, scale) in fp32
+  and cast to the input dtype.
+- KV steps, over the KV blocks causal-split allows (skipped blocks are never visited,
+  full blocks carry no mask code): load a K tile (transformed here when K's placement
+  is `kv_loop`), take the scores and multiply them, in fp32, by rope-fusion's
+  `score_scale` (attn.qk's scale and, when `log2e_folded`, the base-2 softmax's log2 e:
+  never folded into the 16-bit Q tile, whose rounding would differ from the backward's
+  and lose accuracy with large logits), apply the score ops and masks, update the online
+  softmax (base 2) and the accumulator with V.
+- Epilogue: count the sink logit, normalise (a fully masked row gives zeros), store the
+  output and the per-row log-sum-exp (natural log) for a backward.
+
+When K's placement is `prerotate`, a second kernel, `rotate_k`, writes K's transformed
+copy once, before `attn_fwd` runs. The launcher allocates the outputs, builds the RoPE
+cos/sin tables and launches the kernels.
+
+The score ops, the Q block and the pre-rotation kernel are `kernel_lowering`'s, the KV
+loop's segments `kv_segments`'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import f32, i32, i64
+from xdsl.ir import Operation, SSAValue
+
+from attnfuse.dialects import tl
+from attnfuse.dialects.attn import LOG2E, Placement
+from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, ScoreCtx
+
+NAN = float("nan")
+from attnfuse.passes.kv_segments import kv_segments
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
+from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
+
+
+@dataclass
+class QBlock:
+    """What the prologue of `attn_fwd` leaves for the KV steps and the epilogue."""
+
+    pid_bh: SSAValue
+    pid_m: SSAValue
+    """The Q block."""
+    b: SSAValue
+    h: SSAValue
+    b_off: SSAValue
+    """b as int64 (the batch index that multiplies a stride)."""
+    h_off: SSAValue
+    """h as int64."""
+    m_off: SSAValue
+    """The Q block's first row, int64."""
+    rows_m: SSAValue
+    """Rows of the Q block relative to its first, [BLOCK_M]."""
+    offs_m: SSAValue
+    row_ok: SSAValue
+    q_idx: SSAValue
+    """Query positions, [BLOCK_M, 1]."""
+    shift: SSAValue
+    """Nk - Nq: the position of the first query."""
+    q_tile: SSAValue
+    """Q, transformed, in the input dtype."""
+    k: TensorParam
+    v: TensorParam
+    k_base: SSAValue
+    v_base: SSAValue
+    offs_d: SSAValue
+    offs_dv: SSAValue
+    dv_ok: SSAValue | None
+    """Channels of V in range; None when V's head dim is a power of two."""
+    doc_q: dict[SSAValue, SSAValue]
+    out: TensorParam
+    lse: SSAValue
+    nq: SSAValue
+    nk: SSAValue
+    block_m: SSAValue
+    block_n: SSAValue
+
+
+class ForwardLowering(KernelLowering):
+    """Builds the generic kernels of one forward function and their launcher."""
+
+    def lower(self) -> LoweredFunction:
+        """The kernels (`rotate_k` when K is pre-rotated, `attn_fwd`) and the launcher."""
+        calls = self.kernel_calls()
+        return LoweredFunction([c.kernel for c in calls], self.launcher(calls))
+
+    def kernel_calls(self) -> list[KernelCall]:
+        """`rotate_k` (when K's placement is `prerotate`), then `attn_fwd`."""
+        calls: list[KernelCall] = []
+        if self.k_placement == Placement.PREROTATE:
+            calls.append(self.rotate_kernel())
+        calls.append(self.main_kernel())
+        return calls
+
+    # ------------------------------------------------------------------ the attention kernel
+    def main_kernel(self) -> KernelCall:
+        """`attn_fwd`: the prologue, a loop of KV steps per segment, the epilogue."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        qb = self.prologue(kb, p)
+        carried = {
+            "m_i": kb.full([qb.block_m], NEG_INF, f32, hint="m_i"),
+            "l_i": kb.full([qb.block_m], 0.0, f32, hint="l_i"),
+            "acc": kb.full([qb.block_m, pow2(self.dv)], 0.0, f32, hint="acc"),
+        }
+        q_lo = kb.add(kb.mul(qb.pid_m, qb.block_m), qb.shift, hint="q_lo")
+        q_hi = kb.minimum(kb.add(q_lo, self.block_m - 1), kb.sub(qb.nk, 1), hint="q_hi")
+        for lo, hi, masked in kv_segments(kb, self.kv_bounds, q_lo, q_hi, qb.nk, self.block_n):
+            if lo is not hi:  # a segment from a bound to itself is statically empty
+
+                def step(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue], masked=masked):
+                    return self.kv_step(ib, p, qb, start_n, c, masked)
+
+                carried = kb.loop(lo, hi, qb.block_n, carried, step)
+        self.epilogue(kb, p, qb, carried)
+        p.block.add_op(tl.ReturnOp())
+        q = self.host_name(self.chains.q_arg)
+        grid = [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
+        return KernelCall(self.kernel("attn_fwd", p), p, grid, self.num_warps, self.num_stages)
+
+    def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
+        """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""
+        chains = self.chains
+        q = self.tensor(p, chains.q_arg)
+        pre = self.k_placement == Placement.PREROTATE
+        k = self.tensor(p, chains.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
+        v = self.tensor(p, chains.v_arg)
+        out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
+        out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
+        lse_ptr = p.param("Lse", tl.PointerType(f32), "lse")
+        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
+        nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+        block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
+        block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
+
+        ids = self.q_program(kb, block_m, nq, nk)
+        pid_bh, pid_m, b, h, b_off, h_off, hk_off = (
+            ids.pid_bh,
+            ids.pid_m,
+            ids.b,
+            ids.h,
+            ids.b_off,
+            ids.h_off,
+            ids.hk_off,
+        )
+        m_off, rows_m, offs_m, row_ok, shift, q_pos = (
+            ids.m_off,
+            ids.rows_m,
+            ids.offs_m,
+            ids.row_ok,
+            ids.shift,
+            ids.q_pos,
+        )
+
+        offs_d = kb.arange(self.dpad, hint="offs_d")
+        # Q: load, transform, cast once (the scale goes on the fp32 scores).
+        q_bh = kb.add(kb.add(q.ptr, kb.mul(b_off, q.strides[0])), kb.mul(h_off, q.strides[1]))
+        q_base = kb.add(q_bh, kb.mul(m_off, q.strides[2]), hint="q_base")
+
+        def load_q(chans: SSAValue, hint: str = "q") -> SSAValue:
+            return self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, hint)
+
+        if chains.q_chain:
+            q_x = self.qk.transformed(
+                kb,
+                p,
+                chains.q_chain,
+                load_q,
+                self.positions(kb, p, chains.q_chain, q_pos, b_off, offs_m, row_ok),
+                row_ok,
+                True,
+                "q",
+                signed_pos=True,
+            )
+            q_tile = kb.cast(q_x, self.dtype, hint="q_tile")
+        else:
+            q_tile = load_q(offs_d, "q_tile")
+
+        k_base = kb.add(kb.add(k.ptr, kb.mul(b_off, k.strides[0])), kb.mul(hk_off, k.strides[1]), hint="k_base")
+        v_base = kb.add(kb.add(v.ptr, kb.mul(b_off, v.strides[0])), kb.mul(hk_off, v.strides[1]), hint="v_base")
+        bdv = pow2(self.dv)
+        offs_dv = kb.arange(bdv, hint="offs_dv")
+        dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
+        q_idx = kb.row(q_pos)
+
+        # The query's id of each document mask, loaded once.
+        doc_q = {ids: kb.row(x) for ids, x in self.query_doc_ids(kb, p, b_off, q_pos, row_ok).items()}
+        return QBlock(
+            pid_bh=pid_bh,
+            pid_m=pid_m,
+            b=b,
+            h=h,
+            b_off=b_off,
+            h_off=h_off,
+            m_off=m_off,
+            rows_m=rows_m,
+            offs_m=offs_m,
+            row_ok=row_ok,
+            q_idx=q_idx,
+            shift=shift,
+            q_tile=q_tile,
+            k=k,
+            v=v,
+            k_base=k_base,
+            v_base=v_base,
+            offs_d=offs_d,
+            offs_dv=offs_dv,
+            dv_ok=dv_ok,
+            doc_q=doc_q,
+            out=out,
+            lse=lse_ptr,
+            nq=nq,
+            nk=nk,
+            block_m=block_m,
+            block_n=block_n,
+        )
+
+    def kv_step(
+        self, ib: KernelBuilder, p: Params, qb: QBlock, start_n: SSAValue, c: dict[str, SSAValue], masked: bool
+    ) -> dict[str, SSAValue]:
+        """One KV block: scores, score ops (and masks when `masked`), the online softmax
+        update in base 2, and P @ V into the accumulator."""
+        rows_n = ib.arange(qb.block_n, hint="rows_n")
+        offs_n = ib.add(start_n, rows_n, hint="offs_n")
+        kv_ok = ib.cmp("<", offs_n, qb.nk, hint="kv_ok") if masked else None
+        n_off = ib.cast(start_n, i64, hint="n_off")
+        k, v = qb.k, qb.v
+        k_blk = ib.add(qb.k_base, ib.mul(n_off, k.strides[2]), hint="k_blk")
+
+        def load_k(chans: SSAValue) -> SSAValue:
+            return self.qk.load_tile(ib, k_blk, rows_n, kv_ok, k.strides[2], k.strides[3], chans, False, "k")
+
+        if self.k_placement == Placement.KV_LOOP:
+            k_pos = self.positions(ib, p, self.chains.k_chain, offs_n, qb.b_off, offs_n, kv_ok)
+            k_x = self.qk.transformed(ib, p, self.chains.k_chain, load_k, k_pos, kv_ok, False, "k")
+            k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
+        else:
+            k_tile = load_k(qb.offs_d)
+        s = ib.mul(ib.dot(qb.q_tile, k_tile, None, self.precision), self.score_scale, hint="s")
+        kv_idx = ib.col(offs_n)
+        if masked:
+            assert kv_ok is not None
+            kv_ok_col = ib.col(kv_ok)
+            valid = ib.and_(ib.row(qb.row_ok), kv_ok_col)
+        else:
+            kv_ok_col = valid = ib.row(qb.row_ok)
+        ctx = ScoreCtx(qb.b, qb.h, qb.b_off, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q, self.fast_tanh)
+        s = self.score_ops(ib, p, s, ctx, masked)
+        if not self.log2e_folded:
+            s = ib.mul(s, LOG2E, hint="s2")
+        if masked:
+            s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
+        m_new = ib.maximum(c["m_i"], ib.reduce("max", s, 1), hint="m_new")
+        m_safe = ib.where(ib.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
+        pr = ib.unary(tl.Exp2Op, ib.sub(s, ib.row(m_safe)), hint="p")
+        alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
+        l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", pr, 1), hint="l_new")
+        acc_s = ib.mul(c["acc"], ib.row(alpha), hint="acc_scaled")
+        v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
+        v_ptr = ib.add(
+            ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])),
+            ib.mul(ib.col(qb.offs_dv), v.strides[3]),
+            hint="v_ptr",
+        )
+        vmask = ib.row(kv_ok) if kv_ok is not None else None
+        if qb.dv_ok is not None:
+            vmask = ib.col(qb.dv_ok) if vmask is None else ib.and_(vmask, ib.col(qb.dv_ok))
+        vv = ib.load(v_ptr, vmask, 0.0, hint="v")
+        if not masked:
+            acc_n = ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")
+            return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
+        # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
+        # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite
+        # values are zeroed for the product, and the rows and channels that keep such a key
+        # get NaN, as they would in a full block.
+        v_bad = ib.or_(ib.cmp("!=", vv, vv), ib.cmp("==", ib.unary(tl.AbsOp, vv), POS_INF), hint="v_bad")
+        v_clean = ib.where(v_bad, 0.0, vv, hint="v_clean")
+        acc_n = ib.dot(ib.cast(pr, self.vdtype), v_clean, acc_s, self.precision, hint="acc_new")
+        kept = ib.cast(ib.cmp("!=", s, NEG_INF), self.vdtype, hint="kept")
+        hits = ib.dot(kept, ib.cast(v_bad, self.vdtype), None, self.precision, hint="v_bad_hits")
+        acc_n = ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")
+        return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
+
+    def epilogue(self, kb: KernelBuilder, p: Params, qb: QBlock, carried: dict[str, SSAValue]) -> None:
+        """Count the sink, normalise, store the output and the log-sum-exp."""
+        m_i, l_i, acc = carried["m_i"], carried["l_i"], carried["acc"]
+        sink_arg = self.chains.softmax.sink
+        if sink_arg is not None:
+            sink = self.tensor(p, sink_arg)
+            sk = kb.mul(
+                kb.cast(kb.load(kb.add(sink.ptr, kb.mul(qb.h_off, sink.strides[0])), hint="sink"), f32),
+                LOG2E,
+                hint="sink2",
+            )
+            m_new = kb.maximum(m_i, sk, hint="m_sink")
+            alpha = kb.unary(tl.Exp2Op, kb.sub(m_i, m_new))
+            l_i = kb.add(kb.mul(l_i, alpha), kb.unary(tl.Exp2Op, kb.sub(sk, m_new)), hint="l_sink")
+            acc = kb.mul(acc, kb.row(alpha))
+            m_i = m_new
+        empty = kb.cmp("==", l_i, 0.0, hint="empty_row")
+        l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
+        out = kb.cast(kb.div(acc, kb.row(l_safe)), self.dtype, hint="out")
+        o = qb.out
+        o_bh = kb.add(kb.add(o.ptr, kb.mul(qb.b_off, o.strides[0])), kb.mul(qb.h_off, o.strides[1]))
+        o_base = kb.add(o_bh, kb.mul(qb.m_off, o.strides[2]), hint="o_base")
+        o_ptr = kb.add(
+            o_base,
+            kb.add(kb.mul(kb.row(qb.rows_m), o.strides[2]), kb.mul(kb.col(qb.offs_dv), o.strides[3])),
+            hint="o_ptr",
+        )
+        omask = kb.row(qb.row_ok)
+        if qb.dv_ok is not None:
+            omask = kb.and_(omask, kb.col(qb.dv_ok))
+        kb.store(o_ptr, out, omask)
+        # log2 of l_safe, not l: an empty row's lse is -inf without evaluating log2(0).
+        lse = kb.mul(kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), LN2)
+        lse = kb.where(empty, NEG_INF, lse, hint="lse")
+        lse_row = kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
+        kb.store(kb.add(kb.add(qb.lse, lse_row, hint="lse_base"), qb.rows_m), lse, qb.row_ok)
+
+    # ------------------------------------------------------------------ the launcher
+    def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
+        """`launch`: allocate the outputs (and K's transformed copy), build the RoPE tables,
+        run the kernels in order (the last by `main_launch`), return (out, lse)."""
+        q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        ops: list[Operation] = [
+            alloc_like("out", q, self.hq, self.dv, self.dtype),
+            tl.AllocOp(
+                "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
+            ),
+        ]
+        if self.k_placement == Placement.PREROTATE:
+            ops.append(alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
+        ops += self.rope_host_ops(f"{q}.device")
+        ops += [call_op(c) for c in calls[:-1]]
+        ops.append(self.main_launch(call_op(calls[-1])))
+        ops.append(tl.HostReturnOp(["out", "lse"]))
+        return tl.LauncherOp("launch", self.names, ops)
+
+    def main_launch(self, generic: tl.CallOp) -> Operation:
+        """How the launcher runs the attention: here the generic kernel's launch as it is
+        (a kernel path with a kernel of its own chooses between the two per call)."""
+        return generic

@@ -1,0 +1,399 @@
+"""What every kernel path of convert-attn-to-tl shares on the device side: a variant's
+kernel parameters, its score ops on a block of scores, the program's Q block and the
+pre-rotation kernels (`KernelLowering`, the base of `forward_to_tl.ForwardLowering`,
+`gluon_to_tl.GluonLowering` and `backward_to_tl.BackwardLowering`).
+
+Addresses: a tensor may hold more than 2^31 elements (a KV cache of B=5, H=32, N=128k,
+D=128), so every offset that grows with the tensor is computed in int64: the batch and
+head offsets and the row offset of a tile's first row, added once to a scalar base
+pointer, and the indices of extra tensors. The offsets within a tile (rows of a block,
+channels) stay int32, as they are bounded by the block size times a stride; so do the
+RoPE tables' (positions x rotary_dim / 2, below 2^31 up to 2^24 positions).
+
+Q's and K's transforms (RoPE, QK-norm, scale) are built by `qk_transforms_to_tl`, custom
+mask/bias/score_mod regions by `region_to_tl`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, TensorType, f32, i32, i64
+from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse.dialects import attn, tl
+from attnfuse.dialects.attn import Placement, PlacementAttr
+from attnfuse.passes.analysis import AttentionChains
+from attnfuse.passes.kernel_path import uses_approx_tanh
+from attnfuse.passes.kv_segments import kv_bounds
+from attnfuse.passes.launcher_to_tl import KernelCall, kernel_op
+from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
+from attnfuse.passes.region_to_tl import RegionEnv, lower_region
+from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
+
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class PrerotateConfig:
+    """Launch shape of the K pre-rotation kernel: a streaming copy of `block_n` rows of K
+    per program, so a few warps and no software pipelining."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+PREROTATE = PrerotateConfig()
+
+
+@dataclass
+class ScoreCtx:
+    """What score ops and masks read in one KV step, as tiles over the block's
+    (query, key) pairs."""
+
+    b: SSAValue
+    h: SSAValue
+    b_off: SSAValue
+    """b as int64, to multiply a batch stride."""
+    q_idx: SSAValue
+    """Query positions, [BLOCK_M, 1]."""
+    kv_idx: SSAValue
+    """Key positions, [1, BLOCK_N]."""
+    kv_ok: SSAValue | None
+    """Keys in range (in a full block: the rows in range); None: all are."""
+    valid: SSAValue | None
+    """Pairs whose query and key are both in range; None: all are."""
+    doc_q: dict[SSAValue, SSAValue]
+    """The queries' ids of each document mask, by its ids argument, [BLOCK_M, 1]."""
+    fast_tanh: bool = False
+    """tanh (softcap, regions) by the approximate instruction `tl.fast_tanh` (kernel-path's
+    `tanh` choice, `uses_approx_tanh`; never in an interpreted kernel)."""
+
+
+@dataclass
+class QProgram:
+    """A program's Q block, batch and heads (`Lowering.q_program`)."""
+
+    pid_bh: SSAValue
+    num_q_blocks: SSAValue
+    pid_m: SSAValue
+    b: SSAValue
+    h: SSAValue
+    b_off: SSAValue
+    h_off: SSAValue
+    hk_off: SSAValue
+    """b, h and the kv head as int64 (they multiply strides)."""
+    m_start: SSAValue
+    m_off: SSAValue
+    rows_m: SSAValue
+    offs_m: SSAValue
+    row_ok: SSAValue
+    shift: SSAValue
+    """Nk - Nq: the position of the first query."""
+    q_pos: SSAValue
+
+
+class KernelLowering:
+    """The kernels of one variant: what every kernel path builds them from."""
+
+    def __init__(self, chains: AttentionChains, arg_names: list[str]):
+        self.chains = chains
+        self.names = arg_names
+        tiling = chains.func.attributes.get("attn.tiling")
+        if not isinstance(tiling, DictionaryAttr):
+            raise DiagnosticException(
+                f"func @{chains.func.sym_name.data} has no attn.tiling: run the tiling pass before convert-attn-to-tl"
+            )
+        t = {k: a.value.data for k, a in tiling.data.items() if isinstance(a, IntegerAttr)}
+        self.block_m, self.block_n = t["block_m"], t["block_n"]
+        self.num_warps, self.num_stages = t["num_warps"], t["num_stages"]
+        qs, ks, vs = chains.q_type.get_shape(), chains.k_type.get_shape(), chains.v_type.get_shape()
+        self.hq, self.hkv, self.d, self.dv = qs[1], ks[1], qs[3], vs[3]
+        self.dtype = chains.q_type.get_element_type()
+        self.fast_tanh = uses_approx_tanh(chains.func, gluon=False)
+        """tanh by the approximate instruction in the generic kernels (kernel-path's choice)."""
+        self.kdtype = chains.k_type.get_element_type()
+        self.vdtype = chains.v_type.get_element_type()
+        self.dpad = pow2(self.d)
+        self.qk = QKTransforms(self.d, self.tensor)
+        for chain in (chains.q_chain, chains.k_chain):
+            rope_layout(chain)  # raises unless the chain has at most one attn.rope
+        self.k_placement: Placement | None = None
+        """Where K's transforms run (rope-fusion's placement; without it, in the KV loop)."""
+        for op in chains.k_chain:
+            placement = op.attributes.get("placement")
+            self.k_placement = placement.data if isinstance(placement, PlacementAttr) else Placement.KV_LOOP
+        score_scale = chains.qk.attributes.get("score_scale")
+        self.score_scale = score_scale.value.data if isinstance(score_scale, FloatAttr) else chains.qk.effective_scale
+        self.log2e_folded = chains.qk.log2e_folded
+        self.kv_bounds = kv_bounds(chains)
+        self.precision = "ieee" if self.dtype == f32 else None
+
+    # ------------------------------------------------------------------ parameters
+    def host_name(self, value: SSAValue) -> str:
+        """The launcher's name for a function argument."""
+        assert isinstance(value, BlockArgument)
+        return self.names[value.index]
+
+    def tensor(
+        self, p: Params, value: SSAValue, key: str | None = None, host: str | None = None, sizes: bool = False
+    ) -> TensorParam:
+        """Pointer and strides of a function argument (or of `host`, a tensor like it), and
+        its sizes when `sizes` (to mask loads to its bounds)."""
+        name = host or self.host_name(value)
+        t = value.type
+        assert isinstance(t, TensorType)
+        key = key or name
+        ptr = p.param(key, tl.PointerType(t.get_element_type()), name)
+        rank = len(t.get_shape())
+        strides = [p.param(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(rank)]
+        dims = [p.param(f"size_{key}_{d}", i32, f"{name}.shape[{d}]") for d in range(rank)] if sizes else []
+        return TensorParam(ptr, strides, dims)
+
+    def positions(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        chain: list[Operation],
+        default: SSAValue,
+        b_off: SSAValue,
+        rows: SSAValue,
+        ok: SSAValue | None,
+    ) -> SSAValue:
+        """The positions RoPE rotates the rows `rows` of a q or k tile at: its rope's
+        `positions` operand, loaded (int32), or else `default` (the row convention)."""
+        rope = next((op for op in chain if isinstance(op, attn.RopeOp)), None)
+        if rope is None or rope.positions is None:
+            return default
+        t = self.tensor(p, rope.positions)
+        base = kb.add(t.ptr, kb.mul(b_off, t.strides[0])) if len(t.strides) == 2 else t.ptr
+        ptr = kb.add(base, kb.mul(kb.cast(rows, i64), t.strides[-1]))
+        return kb.cast(kb.load(ptr, ok, 0, hint="pos"), i32)
+
+    def rope_host_ops(self, device: str) -> list[Operation]:
+        """The launcher's RoPE tables (positions 0..max(Nq, Nk) - 1) and inverse-frequency
+        tensors (ropes at explicit positions) that the kernels read."""
+        q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        ops: list[Operation] = []
+        for key, (values, magnitude) in self.qk.tables.items():
+            # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
+            length = f"max({q}.shape[2], {k}.shape[2])"
+            ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, device))
+        ops += [tl.FreqTableOp(key, values, device) for key, values in self.qk.freqs.items()]
+        return ops
+
+    # ------------------------------------------------------------------ score ops
+    def region(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        op: attn.MaskOp | attn.BiasOp | attn.ScoreModOp,
+        ctx: ScoreCtx,
+        score: SSAValue | None,
+    ) -> SSAValue:
+        """The value a custom region yields for every pair of the block."""
+        head = [] if score is None else [score]
+        index_args = [*head, ctx.b, ctx.h, ctx.q_idx, ctx.kv_idx]
+        extra_args = op.body.blocks[0].args[len(index_args) :]
+        extras: dict[SSAValue, TensorParam] = {
+            a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)
+        }
+        return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid, ctx.fast_tanh))
+
+    def score_ops(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        s: SSAValue,
+        ctx: ScoreCtx,
+        masked: bool,
+        env: dict[SSAValue, SSAValue] | None = None,
+    ) -> SSAValue:
+        """Apply the score chain to `s`; masks only where `masked` (partial blocks). `env`,
+        if given, receives each score op's result (before masking) by its IR value.
+
+        Masks are applied after the last score op, whatever their place in the chain: a
+        masked score stays masked (a softcap or score_mod after the mask must not turn
+        its -inf into a finite value)."""
+        keep: SSAValue | None = None
+        env = {} if env is None else env
+        env[self.chains.qk.scores] = s
+        for op in self.chains.score_ops:
+            if isinstance(op, attn.ScaleOp):
+                s = kb.mul(s, op.value.value.data)
+            elif isinstance(op, attn.SoftcapOp):
+                s = self.softcap(kb, s, op.cap.value.data, ctx.fast_tanh)
+            elif isinstance(op, attn.BiasOp):
+                if op.kind.data == "alibi":
+                    slopes = self.tensor(p, op.extras[0])
+                    slope_ptr = kb.add(slopes.ptr, kb.mul(kb.cast(ctx.h, i64), slopes.strides[0]))
+                    slope = kb.cast(kb.load(slope_ptr, hint="slope"), f32)
+                    rel = kb.cast(kb.sub(ctx.kv_idx, ctx.q_idx), f32)
+                    s = kb.add(s, kb.mul(rel, slope), hint="s_biased")
+                else:
+                    s = kb.add(s, self.region(kb, p, op, ctx, None), hint="s_biased")
+            elif isinstance(op, attn.ScoreModOp):
+                s = self.region(kb, p, op, ctx, s)
+            elif isinstance(op, attn.MaskOp):
+                if masked:
+                    pred = self.predicate(kb, p, op, ctx)
+                    keep = pred if keep is None else kb.and_(keep, pred, hint="keep")
+            else:
+                raise DiagnosticException(f"'{op.name}' cannot modify scores")
+            env[op.results[0]] = s
+        if keep is not None:
+            s = kb.where(keep, s, NEG_INF, hint="s_masked")
+        return s
+
+    @staticmethod
+    def softcap(kb: KernelBuilder, s: SSAValue, cap: float, fast_tanh: bool) -> SSAValue:
+        """cap·tanh(s / cap): by the approximate tanh instruction, or as cap·(2·sigmoid(2s/cap) - 1)."""
+        if fast_tanh:
+            return kb.mul(kb.unary(tl.FastTanhOp, kb.mul(s, 1.0 / cap)), cap, hint="s_capped")
+        t = kb.unary(tl.SigmoidOp, kb.mul(s, 2.0 / cap))
+        return kb.mul(kb.sub(kb.mul(t, 2.0), 1.0), cap, hint="s_capped")
+
+    def predicate(self, kb: KernelBuilder, p: Params, op: attn.MaskOp, ctx: ScoreCtx) -> SSAValue:
+        """Where the mask keeps a score (attn.MaskOp's named predicates, or its region)."""
+        q, kv = ctx.q_idx, ctx.kv_idx
+        kind = op.kind.data
+        param = op.param.value.data if op.param is not None else 0
+        if kind == "causal":
+            return kb.cmp("<=", kv, q, hint="causal")
+        if kind == "sliding_window":
+            d = kb.sub(q, kv)
+            return kb.and_(kb.cmp(">=", d, 0), kb.cmp("<", d, param), hint="in_window")
+        if kind == "prefix_lm":
+            return kb.or_(kb.cmp("<", kv, param), kb.cmp("<=", kv, q), hint="prefix_or_causal")
+        if kind == "document":
+            ids = self.tensor(p, op.extras[0])
+            base = kb.add(ids.ptr, kb.mul(ctx.b_off, ids.strides[0]))
+            doc_k = kb.load(kb.add(base, kb.mul(kb.cast(kv, i64), ids.strides[1])), ctx.kv_ok, -2, hint="doc_k")
+            return kb.cmp("==", ctx.doc_q[op.extras[0]], doc_k, hint="same_doc")
+        return self.region(kb, p, op, ctx, None)
+
+    def query_doc_ids(
+        self, kb: KernelBuilder, p: Params, b_off: SSAValue, q_pos: SSAValue, ok: SSAValue | None
+    ) -> dict[SSAValue, SSAValue]:
+        """The document id of each query at `q_pos` (-1 where not `ok`), per document mask,
+        by its ids argument."""
+        doc_q: dict[SSAValue, SSAValue] = {}
+        for mask in self.chains.masks:
+            if mask.kind.data == "document":
+                ids = self.tensor(p, mask.extras[0])
+                base = kb.add(ids.ptr, kb.mul(b_off, ids.strides[0]))
+                ptr = kb.add(base, kb.mul(kb.cast(q_pos, i64), ids.strides[1]))
+                doc_q[mask.extras[0]] = kb.load(ptr, ok, -1, hint="doc_q")
+        return doc_q
+
+    # ------------------------------------------------------------------ the program's Q block
+    def q_program(self, kb: KernelBuilder, block_m: SSAValue, nq: SSAValue, nk: SSAValue) -> QProgram:
+        """The program's Q block, batch and heads, on a grid (batch x heads, Q blocks)."""
+        # Q blocks walked from the last: with a causal mask the last Q blocks do the most
+        # work, and starting them first shortens the tail of the launch (11-12% at N=4096 on
+        # the H200, benchmarks/NOTES.md).
+        pid_bh = kb.emit(tl.ProgramIdOp(0), "pid_bh")
+        num_q_blocks = kb.emit(tl.NumProgramsOp(1), "num_q_blocks")
+        pid_m = kb.sub(kb.sub(num_q_blocks, 1), kb.emit(tl.ProgramIdOp(1), "q_block"), hint="pid_m")
+        b = kb.floordiv(pid_bh, self.hq, hint="b")
+        h = kb.rem(pid_bh, self.hq, hint="h")
+        hk = kb.floordiv(h, self.hq // self.hkv, hint="h_kv") if self.hq != self.hkv else h
+        # Offsets that grow with a tensor's size in int64 (a KV cache may pass 2^31 elements).
+        b_off, h_off = kb.cast(b, i64, hint="b_off"), kb.cast(h, i64, hint="h_off")
+        hk_off = kb.cast(hk, i64, hint="hk_off") if hk is not h else h_off
+        m_start = kb.mul(pid_m, block_m, hint="m_start")
+        m_off = kb.cast(m_start, i64, hint="m_off")
+        rows_m = kb.arange(block_m, hint="rows_m")
+        offs_m = kb.add(m_start, rows_m, hint="offs_m")
+        row_ok = kb.cmp("<", offs_m, nq, hint="row_ok")
+        shift = kb.sub(nk, nq, hint="q_shift")
+        q_pos = kb.add(offs_m, shift, hint="q_pos")
+        return QProgram(
+            pid_bh,
+            num_q_blocks,
+            pid_m,
+            b,
+            h,
+            b_off,
+            h_off,
+            hk_off,
+            m_start,
+            m_off,
+            rows_m,
+            offs_m,
+            row_ok,
+            shift,
+            q_pos,
+        )
+
+    # ------------------------------------------------------------------ the pre-rotation kernels
+    def rotate_kernel(self, which: str = "k") -> KernelCall:
+        """`rotate_k` (or `rotate_q`): apply K's (Q's) transforms once, writing a
+        transformed copy `k_rot` (`q_rot`)."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        chains = self.chains
+        is_q = which == "q"
+        arg, chain = (chains.q_arg, chains.q_chain) if is_q else (chains.k_arg, chains.k_chain)
+        heads, dtype = (self.hq, self.dtype) if is_q else (self.hkv, self.kdtype)
+        x = self.tensor(p, arg)
+        rot_ptr = p.param(f"{which.upper()}_rot", tl.PointerType(dtype), f"{which}_rot")
+        rot_strides = [p.param(f"stride_{which}r_{d}", i32, f"{which}_rot.stride({d})") for d in range(4)]
+        name = self.host_name(arg)
+        n = p.param("NQ" if is_q else "NK", i32, f"{name}.shape[2]")
+        block_n = p.param("BLOCK_N", i32, str(PREROTATE.block_n), constexpr=True)
+        pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
+        pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
+        b_off = kb.cast(kb.floordiv(pid_bh, heads), i64, hint="b_off")
+        h_off = kb.cast(kb.rem(pid_bh, heads), i64, hint="h_off" if is_q else "hk_off")
+        n_start = kb.mul(pid_n, block_n, hint="n_start")
+        n_off = kb.cast(n_start, i64, hint="n_off")
+        rows = kb.arange(block_n, hint="rows_n")
+        offs_n = kb.add(n_start, rows, hint="offs_n")
+        ok = kb.cmp("<", offs_n, n, hint="row_ok")
+        pos = offs_n
+        if is_q:  # queries are the last NQ of the NK positions
+            nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+            pos = kb.add(offs_n, kb.sub(nk, n), hint="q_pos")
+
+        def base_of(ptr: SSAValue, strides: list[SSAValue], hint: str) -> SSAValue:
+            """The tile's first row: batch, head and row offsets in int64."""
+            bh = kb.add(kb.add(ptr, kb.mul(b_off, strides[0])), kb.mul(h_off, strides[1]))
+            return kb.add(bh, kb.mul(n_off, strides[2]), hint=hint)
+
+        base = base_of(x.ptr, x.strides, f"{which}_base")
+        pos = self.positions(kb, p, chain, pos, b_off, offs_n, ok)
+        x_t = self.qk.transformed(
+            kb,
+            p,
+            chain,
+            lambda chans: self.qk.load_tile(kb, base, rows, ok, x.strides[2], x.strides[3], chans, True, which),
+            pos,
+            ok,
+            True,
+            which,
+            signed_pos=is_q,
+        )
+        offs_d = kb.arange(self.dpad, hint="offs_d")
+        out_base = base_of(rot_ptr, rot_strides, f"{which}_rot_base")
+        ptr = kb.add(
+            kb.add(out_base, kb.mul(kb.row(rows), rot_strides[2])),
+            kb.mul(kb.col(offs_d), rot_strides[3]),
+            hint=f"{which}_rot_ptr",
+        )
+        mask = kb.row(ok)
+        if self.dpad != self.d:
+            mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
+        kb.store(ptr, kb.cast(x_t, dtype), mask)
+        p.block.add_op(tl.ReturnOp())
+        grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
+        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
+
+    # ------------------------------------------------------------------ kernels and launcher
+    def kernel(self, name: str, p: Params) -> tl.KernelOp:
+        """A `tl.kernel` holding the built body (with the arguments it created)."""
+        return kernel_op(name, p)
