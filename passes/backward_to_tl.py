@@ -46,7 +46,7 @@ from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_dkdv_to_tl import dkdv_kernel
 from attnfuse.passes.backward_dq_to_tl import dq_kernel
 from attnfuse.passes.backward_pre_to_tl import pre_kernel
-from attnfuse.passes.kernel_lowering import KernelLowering, ScoreCtx
+from attnfuse.passes.kernel_lowering import NEG_INF, KernelLowering, ScoreCtx
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 

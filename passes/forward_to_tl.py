@@ -33,11 +33,11 @@ from xdsl.ir import Operation, SSAValue
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E, Placement
 from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, ScoreCtx
-
-NAN = float("nan")
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
+
+NAN = float("nan")
 
 
 @dataclass
