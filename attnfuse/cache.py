@@ -13,7 +13,7 @@ file `kernels/<key>.py`: the generated source, a comment line carrying the launc
 parameters as JSON, and a last comment line with the sha256 of the key and everything
 before it. It is written to a temporary file in the same folder and renamed into place
 (`os.replace`), so readers never see a partial file. A `<key>.mlir` beside it holds the
-IR, for people; `<key>.lock` is the entry's lock file.
+IR, for people; `<key>.lock` is the entry's lock file (holding its holder's PID).
 
 The disk is untrusted input, since importing a cache file runs it:
 
@@ -36,32 +36,40 @@ There is no shared-cache mode: a folder others may write to is refused, not shar
 Concurrency: within a process, one lock per key serialises the lookup, compilation and
 import of that kernel (other kernels proceed). Across processes, an exclusive
 `fcntl.flock` on the entry's lock file does the same: one process compiles, the others
-wait and then load its file (`torchrun` ranks starting cold). Interpreted launches are
-serialised (`interpreter_library`): Triton's interpreter patches `triton.language`
-globally while a kernel runs.
+wait and then load its file (`torchrun` ranks starting cold). The wait is limited
+(`attnfuse.cache_lock`: `$ATTNFUSE_LOCK_TIMEOUT`, 60 s): a process that waited longer for
+a holder that has stalled (Ctrl-Z, a debugger) warns, naming the holder's PID, and goes
+on without the lock: it loads the entry's file if one is complete, else compiles the
+kernel privately, into its temporary folder, leaving the shared entry to the holder.
+Interpreted launches are serialised (`interpreter_library`): Triton's interpreter
+patches `triton.language` globally while a kernel runs. A forked child makes these
+locks anew (`os.register_at_fork`).
 
-`triton.jit` reads its function's source, so generated code is imported from that
-real file (`importlib`). Whether `triton.jit` builds an interpreted function is
-decided when the module runs its decorators: modules are imported with
-`TRITON_INTERPRET` set to 1 (interpreted) or 0 (compiled), and the two kinds are
-cached apart.
+The parts: `attnfuse.cache_folder` (where kernels live, which folder is trusted, the
+fallback), `attnfuse.cache_lock` (the lock between processes) and `attnfuse.cache_loader`
+(the import of generated modules: `load_module`, `load_source`, `interpreter_library`,
+re-exported here).
+
+`ATTNFUSE_DUMP_IR` (see `attnfuse.compiler.compile_module`) dumps a kernel's IR when it
+is compiled; a kernel loaded from the disk cache is compiled once more for its dump (only
+while the variable is set, and only by `attnfuse.compiler`, not a stand-in of
+`use_compiler`). The reference backend compiles nothing: it warns once that nothing is
+dumped (`warn_reference_dumps_nothing`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
-import importlib.util
+import importlib
 import inspect
 import json
 import os
-import shutil
 import stat
-import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +79,15 @@ from typing import Any
 from xdsl.dialects.builtin import ModuleOp
 
 import attnfuse
+from attnfuse import cache_folder
+from attnfuse.cache_folder import cache_dir as cache_dir
+from attnfuse.cache_folder import kernel_folder as kernel_folder
+from attnfuse.cache_folder import private_folder, untrusted
+from attnfuse.cache_loader import interpreter_library as interpreter_library
+from attnfuse.cache_loader import load_module as load_module
+from attnfuse.cache_loader import load_source as load_source
+from attnfuse.cache_lock import LOCK_TIMEOUT_ENV, file_lock, lock_timeout
+from attnfuse.errors import AttnFuseError
 
 _PARAMS_MARK = "# attnfuse-launch-params: "
 _HASH_MARK = "# attnfuse-sha256: "
@@ -127,11 +144,6 @@ def use_compiler(fn: CompileFn | None) -> Iterator[None]:
         yield
     finally:
         _compiler_override = old
-
-
-def cache_dir() -> Path:
-    """Where kernels live: `$ATTNFUSE_CACHE_DIR`, default `~/.cache/attnfuse`."""
-    return Path(os.environ.get("ATTNFUSE_CACHE_DIR") or Path.home() / ".cache" / "attnfuse")
 
 
 _fingerprint: str | None = None
@@ -248,143 +260,6 @@ def seq_bucket(nq: int, nk: int) -> int:
     return 128 if n <= 128 else 1 << (n - 1).bit_length()
 
 
-_import_lock = threading.Lock()
-
-
-def load_module(path: str | Path, *, interpret: bool, name: str | None = None) -> ModuleType:
-    """Import the generated Python file at `path` as a fresh module, with
-    `TRITON_INTERPRET` set for its `@triton.jit` decorators (1 when `interpret`)."""
-    path = Path(path)
-    name = name or f"attnfuse_kernels.{'interp' if interpret else 'cuda'}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot import generated kernel {path}")
-    with _import_lock:
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-        try:
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-        finally:
-            if old is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-    if not callable(getattr(module, "launch", None)):
-        raise RuntimeError(f"generated kernel {path} defines no launch(...) function")
-    return module
-
-
-_SOURCES: dict[tuple[str, bool], ModuleType] = {}
-
-
-def load_source(source: str, folder: str | Path, *, interpret: bool) -> ModuleType:
-    """Import generated `source` outside the kernel cache (tests, benchmarks): it is
-    written to `folder/attnfuse_<hash of the text>.py`, since `triton.jit` reads its
-    functions' source file, then imported with `load_module`; once per text and mode in a
-    process."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    module = _SOURCES.get((digest, interpret))
-    if module is None:
-        path = Path(folder) / f"attnfuse_{digest}.py"
-        path.write_text(source, encoding="utf-8")
-        module = _SOURCES[(digest, interpret)] = load_module(path, interpret=interpret)
-    return module
-
-
-_library_lock = threading.RLock()
-_library_swaps: list[tuple[Any, str, Any, Any]] | None = None
-_namespaces: list[Any] | None = None
-
-
-def _language_namespaces() -> list[Any]:
-    """The namespaces whose attributes Triton's interpreter and `interpreter_library`
-    replace: the `triton.language` modules loaded when first asked, and the classes
-    `tl.tensor`, `tl.dtype` and `tl.core.tensor_descriptor_base`. Found once per process
-    (under `_library_lock`): other threads import modules meanwhile, and a walk over
-    `sys.modules` on every launch could see it change."""
-    global _namespaces
-    if _namespaces is None:
-        import triton.language as tl
-
-        with contextlib.suppress(ImportError):
-            # Gluon checks, when first imported, that the library functions are compiled ones.
-            import triton.experimental.gluon  # noqa: F401
-        modules = [m for n, m in sys.modules.copy().items() if n.split(".")[:2] == ["triton", "language"]]
-        _namespaces = [*modules, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base]
-    return _namespaces
-
-
-def _compiled_library_functions() -> list[tuple[Any, str, Any, Any]]:
-    """(owner, attribute, compiled function, interpreted twin) for every compiled
-    `@triton.jit` function of Triton's library; found once per process. Call it under
-    `_library_lock` only (`interpreter_library`): while another thread's launch has
-    swapped them, a search would find only the twins."""
-    global _library_swaps
-    if _library_swaps is None:
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        twins: dict[int, Any] = {}
-        _library_swaps = [
-            (o, a, f, twins.setdefault(id(f), InterpretedFunction(f.fn)))
-            for o in _language_namespaces()
-            for a, f in vars(o).copy().items()
-            if isinstance(f, JITFunction)
-        ]
-    return _library_swaps
-
-
-def _restore_namespaces(saved: list[tuple[Any, dict[str, Any]]]) -> None:
-    """Put back every attribute of the saved namespaces that was replaced since, and remove
-    those added to a class. Names added to a module stay: a newly imported submodule, and
-    the `interpreter_semantic` the interpreter gives the modules of the functions it has
-    rewritten, which those rewritten functions keep using."""
-    for owner, before in saved:
-        for name, value in vars(owner).copy().items():
-            if name not in before:
-                if isinstance(owner, type):
-                    delattr(owner, name)
-            elif before[name] is not value:
-                setattr(owner, name, before[name])
-
-
-@contextlib.contextmanager
-def interpreter_library() -> Iterator[None]:
-    """Let interpreted kernels call Triton's own library functions, and leave
-    `triton.language` as it was found.
-
-    `tl.max`, `tl.sum`, `tl.cdiv`... are themselves `@triton.jit` functions, compiled
-    or interpreted as `TRITON_INTERPRET` said when `triton.language` was first
-    imported, and an interpreted kernel cannot call a compiled one. Inside this block
-    every compiled library function (attributes of the `triton.language` modules and
-    of `tl.tensor`) is replaced by an interpreted twin.
-
-    On exit every attribute of the language's namespaces is put back as it was on
-    entry. Triton 3.6's interpreter undoes its own patches of `triton.language` after a
-    kernel, but not those it makes when an interpreted kernel calls a library function
-    such as `tl.max`: `triton.language.core`'s builtins would stay bound to the
-    interpreter, and any later compilation in the process (a Triton or Gluon kernel for
-    a GPU) would fail in its front end.
-
-    The block holds a process-wide lock, so interpreted launches run one at a time: the
-    interpreter itself patches `triton.language` while a kernel runs."""
-    with _library_lock:
-        swaps = _compiled_library_functions()
-        saved = [(owner, vars(owner).copy()) for owner in _language_namespaces()]
-        for owner, attr, _, twin in swaps:
-            setattr(owner, attr, twin)
-        try:
-            yield
-        finally:
-            _restore_namespaces(saved)
-
-
 def _write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -437,98 +312,78 @@ def _split_source(text: str, key: str) -> tuple[str, dict[str, Any]]:
     return source + "\n", json.loads(params[len(_PARAMS_MARK) :])
 
 
-# --------------------------------------------------------------------------- the folder
-
-
-def _untrusted(st: os.stat_result) -> str | None:
-    """Why a file or folder of status `st` may hold what others wrote ("is owned by ...",
-    "is writable by ..."), or None: it must be owned by this user and writable by nobody
-    else."""
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"is owned by user id {st.st_uid}, not by this user ({os.geteuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by its group or by others (mode {stat.filemode(st.st_mode)})"
-    return None
-
-
-def _unusable(folder: Path) -> str | None:
-    """Why kernels cannot be cached in `folder` (created with mode 0700 if missing), or None."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = folder.stat()
-    except OSError as e:
-        return f"cannot be created ({e})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a folder"
-    if reason := _untrusted(st):
-        return reason
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return "is not writable"
-    return None
-
-
-_fallback: Path | None = None
-_fallback_lock = threading.Lock()
-_warned: set[str] = set()
-
-
-def _fall_back(configured: Path, reason: str) -> Path:
-    """The private temporary kernel folder of this process (created once, removed at
-    exit), after one warning per unusable configured folder."""
-    global _fallback
-    with _fallback_lock:
-        if _fallback is None:
-            root = tempfile.mkdtemp(prefix="attnfuse-cache-")
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
-            _fallback = Path(root) / "kernels"
-            _fallback.mkdir(mode=0o700)
-        if str(configured) not in _warned:
-            _warned.add(str(configured))
-            warnings.warn(
-                f"AttnFuse cannot use the kernel cache folder {configured}: {reason}. Kernels are cached in "
-                f"{_fallback.parent} for this process only; set ATTNFUSE_CACHE_DIR to a folder of yours that "
-                f"only you can write to.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return _fallback
-
-
-def kernel_folder() -> Path:
-    """The folder kernel files go to: `cache_dir()/kernels` when both folders are usable
-    (see the module docstring), else this process's private temporary folder."""
-    configured = cache_dir()
-    for folder in (configured, configured / "kernels"):
-        if reason := _unusable(folder):
-            return _fall_back(configured, f"{folder} {reason}")
-    return configured / "kernels"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created with mode 0600) inside the block.
-    Where the lock file cannot be opened (or there is no `fcntl`), the block runs
-    unlocked: atomic writes keep the cache valid, only the work may be repeated."""
-    try:
-        import fcntl
-
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except (ImportError, OSError):  # no fcntl (not POSIX), or no lock file
-        fd = None
-    try:
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)  # releases the lock
-
-
 def _warn(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 _STATS = {"compiles": 0, "disk_loads": 0}
+
+DUMP_IR_ENV = "ATTNFUSE_DUMP_IR"
+"""`attnfuse.compiler.DUMP_IR_ENV` (the compiler is imported only to compile)."""
+
+
+_reference_warned = False
+
+
+def warn_reference_dumps_nothing() -> None:
+    """While `ATTNFUSE_DUMP_IR` is set, warn once per process that the reference backend
+    compiles nothing, so dumps nothing (the runtime calls it when a call picks that backend)."""
+    global _reference_warned
+    if os.environ.get(DUMP_IR_ENV) and not _reference_warned:
+        _reference_warned = True
+        _warn(
+            f"{DUMP_IR_ENV} is set, but the reference backend compiles nothing, so no IR is dumped; run on the "
+            f"'interpret' backend (af.backend('interpret')) or on 'triton' to compile and dump the kernels"
+        )
+
+
+def _dump_cached(module: ModuleOp, spec: KernelSpec) -> None:
+    """While `ATTNFUSE_DUMP_IR` is set, compile a kernel loaded from the disk cache once more,
+    for its dump only (`attnfuse.compiler` only: a stand-in compiler dumps nothing)."""
+    if not os.environ.get(DUMP_IR_ENV) or _compiler_override is not None:
+        return
+    try:
+        _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket, **spec.compile_options())
+    except Exception as e:
+        _warn(f"AttnFuse dumps no IR ({DUMP_IR_ENV}) of the kernel {spec.key()} it loaded from the cache: {e!r}")
+
+
+def _write_entry(folder: Path, key: str, text: str, ir: str) -> Path:
+    """Write the cache file of kernel `key` (and its IR beside it) into `folder`, else into
+    the fallback folder; the file's path. Where neither can hold it (a full disk, `ulimit
+    -f`), an `AttnFuseError` names the folders and `ATTNFUSE_CACHE_DIR`."""
+    try:
+        _write_atomic(folder / f"{key}.py", text)
+    except OSError as e:
+        if folder == cache_folder.fallback():
+            raise _unwritable(folder, e) from e
+        folder = cache_folder.fall_back(cache_dir(), f"{folder / f'{key}.py'} cannot be written ({e})")
+        try:
+            _write_atomic(folder / f"{key}.py", text)
+        except OSError as e2:
+            raise _unwritable(folder, e2) from e2
+    with contextlib.suppress(OSError):
+        _write_atomic(folder / f"{key}.mlir", ir)
+    return folder / f"{key}.py"
+
+
+def _unwritable(fallback: Path, e: OSError) -> AttnFuseError:
+    return AttnFuseError(
+        f"AttnFuse cannot write a compiled kernel, neither into the kernel cache folder {cache_dir()} (from "
+        f"ATTNFUSE_CACHE_DIR, default ~/.cache/attnfuse) nor into its temporary fallback {fallback} ({e}); set "
+        f"ATTNFUSE_CACHE_DIR to a folder of yours with room to write (and check the file size limit, ulimit -f)"
+    )
+
+
+def _warn_stalled(lock: Path, holder: str) -> None:
+    _warn(
+        f"AttnFuse waited {lock_timeout():g} s for the kernel cache lock {lock}, held by {holder} (stopped, or in a "
+        f"debugger?); it goes on without the lock: it loads the kernel's file if complete, else compiles the kernel "
+        f"privately, into {private_folder()}. {LOCK_TIMEOUT_ENV} sets how long to wait (seconds)."
+    )
+
+
+_CACHES: weakref.WeakSet[KernelCache] = weakref.WeakSet()
 
 
 class KernelCache:
@@ -537,6 +392,11 @@ class KernelCache:
 
     def __init__(self) -> None:
         self._memory: dict[bool, dict[str, LoadedKernel]] = {False: {}, True: {}}
+        self._new_locks()
+        _CACHES.add(self)
+
+    def _new_locks(self) -> None:
+        """Make the locks (also in a forked child, whose copies may be held by threads it lacks)."""
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
 
@@ -552,7 +412,9 @@ class KernelCache:
         """The kernel for `module` (the variant's IR) and `spec`: from memory, else from
         disk, else compiled (`compile_module(module, sm=..., seq_len=bucket)`, plus
         `direction=` and `wrt=` for a backward kernel) and written to disk first. One
-        thread per key, and one process per key and cache folder, looks it up at a time."""
+        thread per key, and one process per key and cache folder, looks it up at a time;
+        a process that waited `$ATTNFUSE_LOCK_TIMEOUT` seconds for another goes on without
+        the lock (see the module docstring)."""
         key = spec.key()
         memory = self._memory[spec.interpret]
         if (k := memory.get(key)) is not None:
@@ -561,12 +423,16 @@ class KernelCache:
             if (k := memory.get(key)) is not None:
                 return k
             folder = kernel_folder()
-            with _file_lock(folder / f"{key}.lock"):
+            with file_lock(folder / f"{key}.lock") as holder:
+                if holder is not None:
+                    _warn_stalled(folder / f"{key}.lock", holder)
                 kernel = self._load(folder / f"{key}.py", key, spec.interpret)
-                if kernel is not None:
-                    _STATS["disk_loads"] += 1
+                if kernel is None:
+                    kernel = self._compile(module, spec, key, folder if holder is None else private_folder())
                 else:
-                    kernel = self._compile(module, spec, key, folder)
+                    _STATS["disk_loads"] += 1
+            if kernel.from_disk:
+                _dump_cached(module, spec)
             memory[key] = kernel
             return kernel
 
@@ -577,16 +443,9 @@ class KernelCache:
         compiled = _compile_fn()(module.clone(), sm=spec.sm, seq_len=spec.seq_bucket, **spec.compile_options())
         source = compiled.source if compiled.source.endswith("\n") else compiled.source + "\n"
         text = entry_text(key, source, compiled.launch_params)
-        try:
-            _write_atomic(folder / f"{key}.py", text)
-        except OSError as e:
-            folder = _fall_back(cache_dir(), f"{folder / f'{key}.py'} cannot be written ({e})")
-            _write_atomic(folder / f"{key}.py", text)
-        with contextlib.suppress(OSError):
-            _write_atomic(folder / f"{key}.mlir", spec.ir)
+        path = _write_entry(folder, key, text, spec.ir)
         _STATS["compiles"] += 1
         params = _split_source(text, key)[1]
-        path = folder / f"{key}.py"
         return LoadedKernel(key, path, source, params, load_module(path, interpret=spec.interpret), spec.interpret)
 
     @staticmethod
@@ -600,7 +459,7 @@ class KernelCache:
         try:  # each refusal is a ValueError whose text completes "it ..."
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError("is not a regular file")
-            if reason := _untrusted(st):
+            if reason := untrusted(st):
                 raise ValueError(reason)
             try:
                 text = path.read_text(encoding="utf-8")
@@ -663,3 +522,13 @@ KERNELS = KernelCache()
 def stats() -> dict[str, int]:
     """Kernel compilations and disk loads so far in this process."""
     return dict(_STATS)
+
+
+def _after_fork_in_child() -> None:
+    """Make the cache's locks anew in a forked child (see `attnfuse.cache_loader`)."""
+    for kernels in list(_CACHES):
+        kernels._new_locks()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -6,6 +6,8 @@ import hashlib
 import io
 import os
 import re
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,26 +41,61 @@ class IRDump:
     table (`attnfuse.pipeline.STAGES`): `00-input.mlir`, then `NN-<stage>.mlir` after
     each stage that ran (NN counts the files, so a skipped stage leaves no file and no
     gap), then `NN-triton.py`, the generated source. Files of the same name are
-    overwritten."""
+    overwritten.
 
-    def __init__(self, folder: str | os.PathLike[str]):
+    A folder or file that cannot be written is an `AttnFuseError` naming it; with
+    `variable` (the environment variable that asked for the dump, `ATTNFUSE_DUMP_IR`) it is
+    instead one warning per process and folder, naming the variable, and the compilation
+    goes on undumped: the dump is a debugging aid and must not break every compilation."""
+
+    def __init__(self, folder: str | os.PathLike[str], *, variable: str | None = None):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.variable = variable
         self.written: list[Path] = []
+        self.failed = False
+        self._write(self.folder, lambda: self.folder.mkdir(parents=True, exist_ok=True))
 
-    def module(self, stage: str, module: ModuleOp) -> Path:
+    def module(self, stage: str, module: ModuleOp) -> Path | None:
         """Write `module` (custom syntax, which reads back) as the IR after `stage`."""
         out = io.StringIO()
         Printer(stream=out).print_op(module)
         out.write("\n")
         return self.text(stage, ".mlir", out.getvalue())
 
-    def text(self, stage: str, suffix: str, text: str) -> Path:
-        """Write `text` as the next file, `NN-<stage><suffix>`."""
+    def text(self, stage: str, suffix: str, text: str) -> Path | None:
+        """Write `text` as the next file, `NN-<stage><suffix>`; its path, or None when the
+        dump has failed (under a variable: see the class)."""
+        if self.failed:
+            return None
         path = self.folder / f"{len(self.written):02d}-{stage}{suffix}"
-        path.write_text(text)
+        if not self._write(path, lambda: path.write_text(text)):
+            return None
         self.written.append(path)
         return path
+
+    def _write(self, path: Path, write: Callable[[], object]) -> bool:
+        """Run `write` (which writes `path`); False after a failure the dump survives."""
+        try:
+            write()
+            return True
+        except OSError as e:
+            self.failed = True
+            if self.variable is None:
+                raise AttnFuseError(f"cannot write the IR dump {path}: {e}") from e
+            parent = self.folder.parent
+            if parent not in _unwritable_dumps:
+                _unwritable_dumps.add(parent)
+                warnings.warn(
+                    f"{self.variable}={os.environ.get(self.variable, '')!r}: cannot write the IR dump {path} ({e}); "
+                    f"compilations go on without dumping there. Point {self.variable} at a writable folder.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return False
+
+
+_unwritable_dumps: set[Path] = set()
+"""The `ATTNFUSE_DUMP_IR` folders already warned about (one warning each per process)."""
 
 
 def compile_module(
@@ -88,9 +125,13 @@ def compile_module(
     `05-convert-attn-to-tl.mlir`, `06-triton.py` (names from `attnfuse.pipeline.STAGES`,
     numbered in the order written; see `IRDump`). `dump_ir` names the folder itself;
     the environment variable names a parent folder, in which each compilation gets its
-    own `<function>-<hash of IR and options>` folder. The runtime compiles only on a
-    kernel cache miss, so to dump a kernel it has cached, point `ATTNFUSE_CACHE_DIR` at
-    an empty folder too. `attnfuse-opt --dump-stages DIR` writes the same files."""
+    own `<function>-<hash of IR and options>` folder (`~` and `$VARIABLES` expanded). A
+    folder that cannot be written is an `AttnFuseError` for `dump_ir`, one warning naming
+    the variable for `ATTNFUSE_DUMP_IR` (the compilation goes on undumped; see `IRDump`).
+    The runtime compiles on a kernel cache miss; while the variable is set, a kernel it
+    loads from the disk cache is compiled once more for its dump (`attnfuse.cache`), and
+    the reference backend, which compiles nothing, warns once that it dumps nothing.
+    `attnfuse-opt --dump-stages DIR` writes the same files."""
     try:
         verify_module(module)
     except DiagnosticException as e:
@@ -123,7 +164,7 @@ def _ir_dump(
     module: ModuleOp, dump_ir: str | os.PathLike[str] | None, *, sm: int | None, seq_len: int | None, options: dict
 ) -> IRDump | None:
     """The dump for one compilation: into `dump_ir`, else into a folder of its own under
-    `$ATTNFUSE_DUMP_IR`, else none."""
+    `$ATTNFUSE_DUMP_IR` (`~` and `$VARIABLES` expanded), else none."""
     if dump_ir is not None:
         return IRDump(dump_ir)
     if not (root := os.environ.get(DUMP_IR_ENV)):
@@ -131,4 +172,5 @@ def _ir_dump(
     text = f"{module}\n{sm=} {seq_len=} {sorted(options.items())}"
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     name = next((op.sym_name.data for op in module.ops if isinstance(op, FuncOp)), "module")
-    return IRDump(Path(root) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}")
+    folder = Path(os.path.expanduser(os.path.expandvars(root)))
+    return IRDump(folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}", variable=DUMP_IR_ENV)

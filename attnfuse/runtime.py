@@ -486,6 +486,7 @@ class Variant:
         if mode == "reference":
             from attnfuse.reference import run_reference
 
+            cache.warn_reference_dumps_nothing()  # ATTNFUSE_DUMP_IR: the reference compiles nothing
             module = trace.module
             target: autograd.OpTarget = autograd.register(autograd.ReferenceTarget(trace))
 

@@ -1,9 +1,13 @@
 """The compiler driver's per-stage IR dump (`compile_module(dump_ir=...)` and
 `ATTNFUSE_DUMP_IR`): a file per stage of `attnfuse.pipeline.STAGES`, each reading back,
-plus the generated Triton source; the runtime's compile path honours the variable."""
+plus the generated Triton source; the runtime's compile path honours the variable, on a
+disk-cache hit too, and the reference backend says once that it dumps nothing. A dump
+that cannot be written: an error for `dump_ir`, one warning for the variable."""
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ import torch
 from xdsl.parser import Parser
 
 import attnfuse as af
-from attnfuse import runtime
+from attnfuse import cache, compiler, runtime
 from attnfuse.compiler import DUMP_IR_ENV, compile_module
 from attnfuse.dialects.tl import TL
 from attnfuse.errors import AttnFuseError
@@ -136,28 +140,109 @@ def test_the_environment_variable_gives_each_compilation_its_folder(tmp_path, mo
         assert len(list(folder.glob("*-triton.py"))) == 1
 
 
+@af.variant
+def plain(q, k, v):
+    return af.pv(af.softmax(af.qk(q, k)), v)
+
+
 def test_the_runtime_compile_path_honours_the_environment_variable(tmp_path, monkeypatch):
     """`af` compiles on a cache miss through `compile_module`, which reads the variable
-    at each compilation; a cache hit compiles nothing, so dumps nothing."""
+    at each compilation; a kernel loaded from the disk cache is compiled once more, for
+    its dump."""
     monkeypatch.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(DUMP_IR_ENV, str(tmp_path / "dump"))
     runtime.clear_caches()
-
-    @af.variant
-    def plain(q, k, v):
-        return af.pv(af.softmax(af.qk(q, k)), v)
-
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     try:
         with af.backend("interpret"):
             plain.compile(q, k, v)
         (folder,) = (tmp_path / "dump").iterdir()
         assert folder.name.startswith("plain-")
-        assert sorted(p.name for p in folder.iterdir())[-1] == f"{len(STAGES):02d}-triton.py"
+        files = sorted(p.name for p in folder.iterdir())
+        assert files[-1] == f"{len(STAGES):02d}-triton.py"
         for path in folder.glob("*.mlir"):
             reparse(path)
+        dumped = {name: (folder / name).read_text() for name in files}
+        for path in folder.iterdir():
+            path.unlink()
+        runtime.clear_caches()  # the next call loads the kernel from the disk cache
+        before = runtime.stats()
+        with af.backend("interpret"):
+            plain.compile(q, k, v)
+        after = runtime.stats()
+        assert (after["compiles"], after["disk_loads"]) == (before["compiles"], before["disk_loads"] + 1)
+        assert {p.name: p.read_text() for p in folder.iterdir()} == dumped
     finally:
         runtime.clear_caches()
+
+
+def reference_warnings(monkeypatch) -> list[str]:
+    """The RuntimeWarnings of two reference calls of a new variant (two signatures) in a
+    process that has not warned yet."""
+    monkeypatch.setattr(cache, "_reference_warned", False)
+    fresh = af.variant(plain.fn)
+    with warnings.catch_warnings(record=True) as caught, af.backend("reference"):
+        warnings.simplefilter("always")
+        for n in (8, 9):
+            fresh(*(torch.randn(1, 2, n, 16) for _ in range(3)))
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_the_reference_backend_warns_once_that_it_dumps_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(DUMP_IR_ENV, str(tmp_path / "dump"))
+    (message,) = reference_warnings(monkeypatch)
+    assert message.startswith(f"{DUMP_IR_ENV} is set, but the reference backend compiles nothing")
+    assert "'interpret'" in message
+    assert not (tmp_path / "dump").exists()
+
+
+def test_the_reference_backend_is_quiet_without_the_variable(monkeypatch):
+    assert reference_warnings(monkeypatch) == []
+
+
+def blocked(tmp_path: Path) -> Path:
+    """A path under a regular file: no folder can be made there."""
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "dumps"
+
+
+def test_an_unwritable_dump_variable_warns_once_naming_it_and_compiles_on(tmp_path, monkeypatch):
+    monkeypatch.setenv(DUMP_IR_ENV, str(blocked(tmp_path)))
+    monkeypatch.setattr(compiler, "_unwritable_dumps", set())
+    module = parse_module(VARIANT)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dumped = compile_module(module, sm=0)
+        compile_module(module, sm=0, block_m=16)  # another folder under the same variable: no second warning
+    (warning,) = caught
+    assert issubclass(warning.category, RuntimeWarning)
+    message = str(warning.message)
+    assert message.startswith(f"{DUMP_IR_ENV}='{blocked(tmp_path)}': cannot write the IR dump {blocked(tmp_path)}/")
+    assert "Not a directory" in message
+    monkeypatch.delenv(DUMP_IR_ENV)
+    assert dumped.source == compile_module(module, sm=0).source
+
+
+@pytest.mark.parametrize("where", ["folder", "file"])
+def test_an_unwritable_dump_ir_argument_is_an_error_naming_it(tmp_path, where):
+    if where == "folder":
+        folder, path = blocked(tmp_path), blocked(tmp_path)
+    else:
+        folder = tmp_path / "dump"
+        path = folder / "00-input.mlir"
+        path.mkdir(parents=True)  # the first file cannot be written
+    with pytest.raises(AttnFuseError, match=f"cannot write the IR dump {re.escape(str(path))}: "):
+        compile_module(parse_module(VARIANT), sm=0, dump_ir=folder)
+
+
+def test_the_variable_s_folder_may_start_with_a_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(DUMP_IR_ENV, "~/dumps")
+    monkeypatch.chdir(tmp_path)
+    compile_module(parse_module(VARIANT), sm=0)
+    (folder,) = (tmp_path / "home" / "dumps").iterdir()
+    assert folder.name.startswith("rope_causal-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
 
 def test_invalid_input_is_refused_before_any_stage(tmp_path):

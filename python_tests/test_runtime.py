@@ -27,7 +27,7 @@ import stub_compiler
 import torch
 
 import attnfuse as af
-from attnfuse import cache, dsl, runtime
+from attnfuse import cache, cache_loader, dsl, runtime
 from attnfuse.reference import run_reference, run_reference_with_lse
 
 HERE = Path(__file__).parent
@@ -522,7 +522,7 @@ def concurrent_first_calls(n_threads: int = 6, calls: int = 3) -> list[str]:
 
 
 def test_threads_making_their_first_interpret_calls_at_once(monkeypatch):
-    monkeypatch.setattr(cache, "_library_swaps", None)  # as in a new process: Triton's library not yet searched
+    monkeypatch.setattr(cache_loader, "_library_swaps", None)  # as in a new process: Triton's library not yet searched
     assert concurrent_first_calls() == []
     assert compiles() >= 2
 
@@ -534,7 +534,7 @@ def test_an_interpreted_launch_leaves_triton_language_as_it_found_it():
     launch puts every name back."""
     import triton.language as tl
 
-    namespaces = cache._language_namespaces()
+    namespaces = cache_loader._language_namespaces()
     before = [dict(vars(n)) for n in namespaces]
     x = qkv(b=1, hq=2, hkv=2, nq=17, nk=17, d=16, dv=16, dtype=torch.float32)
     with af.backend("interpret"):
