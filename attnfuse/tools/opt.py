@@ -132,8 +132,11 @@ def _xdsl_passes_help(available: Sequence[str]) -> str:
 
 
 def _unknown_pass(name: str, available: Sequence[str]) -> str:
-    """The message for a pass name -p does not know, with the closest known names."""
-    close = difflib.get_close_matches(name, list(available), n=3, cutoff=0.6)
+    """The message for a pass name -p does not know, with the closest known names: AttnFuse's
+    where one is close, else xDSL's."""
+    ours = [p for p in available if p in ATTNFUSE_PASSES]
+    close = difflib.get_close_matches(name, ours, n=2, cutoff=0.6)
+    close = close or difflib.get_close_matches(name, list(available), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown pass '{name}'{hint} (--help lists the passes)"
 
