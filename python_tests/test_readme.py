@@ -208,3 +208,16 @@ def test_opt_line_fails_on_a_bad_line(
     """A README line attnfuse-opt rejects fails the test (the old `-p convert-attn-to-tl ...`)."""
     with pytest.raises(pytest.fail.Exception, match="exited 1"):
         run_opt_line("attnfuse-opt EXAMPLE.mlir -p convert-attn-to-tl", tmp_path, capsys, monkeypatch)
+
+
+def test_project_files() -> None:
+    """The files a project has (issue 20): the license the metadata names, a changelog, and the
+    PEP 561 marker, shipped with the package."""
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert "license = Apache-2.0" in (ROOT / "setup.cfg").read_text()
+    assert "## Unreleased" in (ROOT / "CHANGELOG.md").read_text()
+    assert (ROOT / "attnfuse" / "py.typed").is_file()
+    package_data = (ROOT / "setup.cfg").read_text().split("[options.package_data]")[1].split("[")[0]
+    assert "py.typed" in package_data and "examples/*.mlir" in package_data
