@@ -2,7 +2,11 @@
 scaling, causal, GQA) to one fused Triton kernel, runs it — on the GPU when there is one,
 else under the Triton interpreter on CPU — and checks it against the reference executor;
 then differentiates it through the backward kernels the compiler derives and checks the
-gradients against the reference's autograd."""
+gradients against the reference's autograd.
+
+It prints the backend it ran: `triton` on a GPU, else `interpret` (the generated Triton code
+under Triton's interpreter). Outside `af.backend(...)`, CPU tensors would run on the eager
+`reference` backend (the default, "auto"), which does not exercise the compiler."""
 
 from __future__ import annotations
 
@@ -13,6 +17,13 @@ import torch
 
 import attnfuse as af
 from attnfuse import variants
+
+BACKENDS = {
+    "triton": "triton (the compiled kernels on the GPU)",
+    "interpret": "interpret (no GPU: the compiled kernels under the Triton interpreter; without "
+    'af.backend("interpret"), CPU tensors run on the eager reference backend, which does not compile)',
+}
+"""What the demo prints for the backend it runs."""
 
 
 def main() -> int:
@@ -26,7 +37,8 @@ def main() -> int:
     k = torch.randn(b, 8, n, 128, device=device, dtype=dtype)
     v = torch.randn(b, 8, n, 128, device=device, dtype=dtype)
     backend = "triton" if cuda else "interpret"
-    print(f"AttnFuse {af.__version__}: Llama-3 RoPE+causal, q {list(q.shape)} {dtype}, backend {backend}")
+    print(f"AttnFuse {af.__version__}: Llama-3 RoPE+causal, q {list(q.shape)} {dtype}")
+    print(f"backend: {BACKENDS[backend]}")
     print(variants.llama3.ir(q, k, v))
     with af.backend(backend):
         kernel = variants.llama3.compile(q, k, v)
@@ -60,7 +72,7 @@ def main() -> int:
     if not rel <= (3e-2 if dtype == torch.bfloat16 else 6e-3):
         print("FAILED: gradient error above tolerance", file=sys.stderr)
         return 1
-    print("OK")
+    print(f"OK (backend {backend}; checked against the reference backend)")
     return 0
 
 

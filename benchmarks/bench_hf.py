@@ -7,7 +7,8 @@ against the same model on PyTorch's attention backends, in one process.
 - `train`: one training step of Llama-3-8B (the released config, random weights, bf16, fused
   AdamW, batch 1, no activation checkpointing) at each N: forward with labels, backward,
   optimizer step. Median step time over 5 steps after 2 warm-up steps, and the peak memory,
-  for SDPA cuDNN, SDPA flash, flex_attention (transformers' "flex_attention") and AttnFuse (the
+  for SDPA cuDNN, SDPA flash, flex_attention (transformers' "flex_attention", compiled afresh for
+  each N with static shapes: `static_flex`) and AttnFuse (the
   model patched by `apply`), all on the same weights; the first step's loss is compared across
   them (use_cache=False: no KV cache is filled in training).
 - `qwen`: the same step for Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN.
@@ -121,6 +122,24 @@ def backend_context(name: str) -> Any:
     return contextlib.nullcontext()
 
 
+def static_flex() -> None:
+    """Compile flex_attention afresh, for static shapes, before a flex row at a new N.
+
+    transformers compiles flex_attention once per process (its `WrappedFlexAttention` singleton,
+    `torch.compile(flex_attention)` with dynamic=None), so a second N in the same process would run
+    a kernel dynamo recompiled for dynamic shapes. Resetting dynamo and handing the singleton a
+    `dynamic=False` compilation makes each N's row a kernel compiled for that N, as a process of
+    its own would run."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as hf_flex
+
+    torch._dynamo.reset()
+    wrapped = hf_flex.WrappedFlexAttention(True)  # the singleton, in training mode (as the rows run)
+    if not hasattr(wrapped, "_compiled_flex_attention"):
+        raise RuntimeError("transformers' WrappedFlexAttention changed: cannot compile flex per N")
+    wrapped._compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+
+
 def use(model: Any, name: str) -> Any:
     """`model` set up for the row `name` (AttnFuse: patched by apply, which stays)."""
     if name == "attnfuse":
@@ -167,6 +186,8 @@ def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
     for name, n in [(name, n) for name in names for n in args.ns]:
         model.load_state_dict(state)
         model = use(model, name)
+        if name == "flex":
+            static_flex()
         ids = torch.randint(0, cfg["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
         try:
             r = train_steps(model, ids, name, args.steps, args.warmup)

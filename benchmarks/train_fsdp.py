@@ -3,7 +3,7 @@
 against SDPA cuDNN, in one torchrun job (issue 14, item 1).
 
     torchrun --nproc-per-node 2 benchmarks/train_fsdp.py --out DIR [--n 4096] [--layers 32] [--compile]
-    torchrun --nproc-per-node 2 benchmarks/train_fsdp.py --out DIR --smoke   # CPU: gloo, tiny model
+    torchrun --nproc-per-node 2 benchmarks/train_fsdp.py --smoke   # CPU: gloo, tiny model (--out: a temp dir)
 
 Every backend trains the same model from the same weights on the same data:
 
@@ -45,6 +45,7 @@ import gc
 import os
 import statistics
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -248,7 +249,12 @@ def write(args: argparse.Namespace, rows: list[dict], env: dict[str, Any]) -> No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for fsdp.json and fsdp.md (default: a new temporary folder, printed at the end)",
+    )
     ap.add_argument("--n", type=int, default=4096, help="tokens per sequence (batch 1 per GPU)")
     ap.add_argument("--layers", type=int, default=0, help="decoder layers (0: the config's, 32)")
     ap.add_argument("--backends", default="attnfuse,sdpa_cudnn")
@@ -266,8 +272,10 @@ def main() -> None:
     if args.smoke:
         args.n, args.steps, args.warmup = 32, 3, 1
         args.backends = args.backends.replace("sdpa_cudnn", "sdpa").replace("sdpa_flash", "sdpa")
-    args.out.mkdir(parents=True, exist_ok=True)
     device = C.init_distributed(args.smoke)
+    if args.out is None:  # only rank 0 writes: the other ranks' folder is never used
+        args.out = Path(tempfile.mkdtemp(prefix="attnfuse-fsdp-")) if dist.get_rank() == 0 else Path(".")
+    args.out.mkdir(parents=True, exist_ok=True)
     if device.type != "cuda" and not args.smoke:
         sys.exit("train_fsdp.py needs CUDA GPUs (or --smoke)")
     if args.compile:
@@ -282,6 +290,7 @@ def main() -> None:
         log(f"max |loss difference| over {len(good[0]['losses'])} steps: {diff:.5f}")
     if dist.get_rank() == 0:
         print((args.out / "fsdp.md").read_text())
+        print(f"written: {args.out / 'fsdp.json'}, {args.out / 'fsdp.md'}")
     dist.destroy_process_group()
     if args.smoke and (len(good) < len(rows) or not good or (diff is not None and diff > 1e-3)):
         sys.exit(f"smoke: {len(rows) - len(good)} failed backends, loss difference {diff}")

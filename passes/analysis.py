@@ -76,6 +76,14 @@ def _chain(value: SSAValue, what: str) -> tuple[list[Operation], BlockArgument]:
     return ops[::-1], value
 
 
+NO_ATTENTION = (
+    "no attention to compile: no func.func in the module contains an attn.qk (a variant is "
+    "attn.qk, its score ops, attn.softmax and attn.pv, whose result the function returns; "
+    "see attnfuse/examples/*.mlir)"
+)
+"""The message for a module whose functions hold no attention at all."""
+
+
 def analyse(f: func.FuncOp) -> AttentionChains:
     """Split `f` into its chains; a DiagnosticException names what cannot be lowered."""
     qks = [op for op in f.walk() if isinstance(op, attn.QKOp)]

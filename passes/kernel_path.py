@@ -15,8 +15,10 @@ approximate instruction (`tl.fast_tanh`, `tanh.approx.f32`, relative error about
 FlashAttention's softcap) instead of 2·sigmoid(2x) - 1, in every kernel of the function;
 `tanh = "approx-gluon"`: in the Gluon kernel's score functions only (its generic fallback keeps
 the exact form). Option `tanh`: `auto` (the default) gives approx-gluon where the Gluon kernel is
-chosen (there the approximate instruction measured 1.47-1.64x faster than the exact form; on the
-generic kernel it is not yet measured: `benchmarks/tanh_approx.py`); `approx` gives approx,
+chosen (there, within the Gluon kernel, the approximate instruction measured 1.64-1.96x faster than
+the exact sigmoid form on the softcap, Gemma 2 and tanh score_mod families; the Gluon kernel with it
+is 1.47-1.64x the generic kernel, which keeps the exact form; on the generic kernel the instruction
+is not yet measured: `benchmarks/tanh_approx.py`); `approx` gives approx,
 forward and backward; `exact` neither. Never for the interpreter, which cannot run it, nor for
 f32 inputs.
 

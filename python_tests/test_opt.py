@@ -7,7 +7,9 @@ installed console script to check real exit codes and stderr.
 
 from __future__ import annotations
 
+import io
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -389,3 +391,104 @@ def test_version(capsys):
     assert exit_info.value.code == 0
     out, _ = capsys.readouterr()
     assert out.strip() == f"attnfuse-opt {version('attnfuse')} (xdsl {version('xdsl')})"
+
+
+# --------------------------------------------------------------------------- issue 20: a newcomer's attnfuse-opt
+
+EMPTY_FUNC = "func.func @f() {\n  func.return\n}\n"
+
+
+def test_help_lists_attnfuse_passes_first(capsys):
+    """--help lists AttnFuse's passes, one a line, before any of xDSL's (which were 150 lines
+    of a comma-separated list with AttnFuse's inside)."""
+    from attnfuse.passes import get_all_passes
+    from attnfuse.pipeline import STAGES
+    from attnfuse.tools.opt import ATTNFUSE_PASSES
+
+    assert list(ATTNFUSE_PASSES) == list(get_all_passes())
+    stages = [name for name, _ in STAGES]
+    assert [n for n in ATTNFUSE_PASSES if n in stages] == stages  # listed in the pipeline's order
+    with pytest.raises(SystemExit) as exit_info:
+        main(args=["--help"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    ours = [next(i for i, line in enumerate(lines) if line.startswith(f"  {name}  ")) for name in ATTNFUSE_PASSES]
+    assert ours == sorted(ours)
+    xdsl = next(i for i, line in enumerate(lines) if "canonicalize" in line)
+    assert max(ours) < xdsl
+    assert max(ours) < next(i for i, line in enumerate(lines) if line.startswith("options:"))
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("rope-fuson", "; did you mean 'rope-fusion'?"),
+        ("attnfuse-pipline", "; did you mean 'attnfuse-pipeline'?"),
+        ("convert-attn-to-triton", "; did you mean 'convert-attn-to-tl'?"),
+        ("canonicalise", "; did you mean 'canonicalize' or 'canonicalize-dmp'?"),  # xDSL's (pinned)
+        ("zzz", ""),
+    ],
+)
+def test_unknown_pass_suggests_the_closest(capsys, tmp_path, name, hint):
+    _, err = failing_run(capsys, write(tmp_path, GQA_SOFTCAP), "-p", f"tiling,{name}")
+    expected = f"pass pipeline 'tiling,{name}': unknown pass '{name}'{hint} (--help lists the passes)"
+    assert err == f"attnfuse-opt: error: {expected}\n"
+
+
+@pytest.mark.parametrize("at", ["@+1", " @+1", "  @+1"])
+def test_verify_diagnostics_accepts_a_blank_before_at(capsys, tmp_path, at):
+    """mlir-opt accepts `// expected-error @+1 {{...}}`; it used to be ignored, so a wrong
+    message still exited 0."""
+    lines = BAD_HEADS.splitlines()
+    wrong = "\n".join([*lines[:2], f"  // expected-error{at} {{{{head dims differ}}}}", *lines[2:]])
+    _, err = failing_run(capsys, write(tmp_path, wrong), "--verify-diagnostics")
+    assert "unexpected error: attn.qk q heads (4) must be a multiple of k heads (3)" in err
+    assert 'expected error "head dims differ" was not produced' in err
+    right = wrong.replace("head dims differ", "must be a multiple of k heads (3)")
+    assert run_opt(capsys, write(tmp_path, right), "--verify-diagnostics") == ""
+
+
+def test_shipped_bad_example_verifies(capsys):
+    """attnfuse/examples/bad.mlir (the README's --verify-diagnostics line): every chunk fails
+    as annotated, so the exit is 0; without its annotations every chunk is an error."""
+    bad = ROOT / "attnfuse" / "examples" / "bad.mlir"
+    out = run_opt(capsys, bad, "--split-input-file", "--verify-diagnostics")
+    assert out.count("// -----") == bad.read_text().count("// -----")
+
+
+def test_shipped_bad_example_fails_without_its_annotations(capsys, tmp_path):
+    bad = (ROOT / "attnfuse" / "examples" / "bad.mlir").read_text()
+    chunks = bad.split("// -----")
+    stripped = "// -----".join(re.sub(r"//\s*expected-error.*", "", c) for c in chunks)
+    stripped = stripped.replace("{{", "").replace("}}", "")  # so the file has no annotation left
+    path = write(tmp_path, stripped)
+    _, err = failing_run(capsys, path, "--split-input-file")
+    assert err.count("attnfuse-opt: error:") == len(chunks)
+
+
+def test_dash_reads_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(EXAMPLE.read_bytes())))
+    out = run_opt(capsys, "-", "-p", "kernel-path")
+    assert "func.func @llama3" in out
+    assert "attn.kernel_path" in out
+
+
+def test_dash_names_stdin_in_diagnostics(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BAD_SYNTAX.encode())))
+    _, err = failing_run(capsys, "-")
+    assert err.startswith("attnfuse-opt: error: <stdin>:3:")
+
+
+@pytest.mark.parametrize("passes", ["attnfuse-pipeline", "tiling", "attn-autodiff", "canonicalize,kernel-path"])
+def test_a_module_without_attention_is_an_error(capsys, tmp_path, passes):
+    """An AttnFuse pass on functions without an attn.qk printed them unchanged, and `-t triton`
+    then said to run the pipeline that had just run."""
+    _, err = failing_run(capsys, write(tmp_path, EMPTY_FUNC), "-p", passes, "-t", "triton")
+    first = passes.split(",")[-1]
+    assert err.startswith(f"attnfuse-opt: error: {first}: no attention to compile: no func.func in the module")
+    assert "contains an attn.qk" in err
+
+
+def test_a_module_without_attention_still_prints_without_attnfuse_passes(capsys, tmp_path):
+    assert "func.func @f()" in run_opt(capsys, write(tmp_path, EMPTY_FUNC))
+    assert "func.func @f()" in run_opt(capsys, write(tmp_path, EMPTY_FUNC), "-p", "canonicalize")

@@ -16,15 +16,22 @@ What it changes in xDSL's `xDSLOptMain`, to behave as `mlir-opt` does:
   xDSL's meaning, so FileCheck can read the diagnostics.
 - `--dump-stages DIR` writes the IR before and after each pass, with
   `attnfuse-pipeline` expanded into its stages (`attnfuse.compiler.IRDump`).
+- `--help` lists AttnFuse's passes first, one line each, and xDSL's after them; an
+  unknown pass names the closest known ones.
+- The input file `-` is stdin, as when none is given.
+- A module in which no function holds an attention (an `attn.qk`) is an error when an
+  AttnFuse pass is asked for, instead of passing through unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import inspect
 import re
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -54,6 +61,18 @@ if TYPE_CHECKING:
     from attnfuse.compiler import IRDump  # the compiler is imported only for --dump-stages
 
 DESCRIPTION = "AttnFuse modular optimizer driver (xDSL's xdsl-opt with AttnFuse's dialects, passes and targets)"
+
+ATTNFUSE_PASSES: dict[str, str] = {
+    "attn-autodiff": "a forward function -> its backward program in attn IR (wrt=argument indices)",
+    "kernel-path": "which kernel computes the forward: the sm90 Gluon kernel or the generic one",
+    "rope-fusion": "where Q's and K's transforms run: Q prologue, KV loop or a pre-rotation kernel",
+    "causal-split": "classify masks: skip fully masked KV blocks, mask only partial ones",
+    "tiling": "tile sizes, warps and stages (passes/tiling.py's table; options override it)",
+    "convert-attn-to-tl": "the kernel(s) and host launcher in the tl dialect (-t triton prints them)",
+    "attnfuse-pipeline": "kernel-path, rope-fusion, causal-split, tiling, convert-attn-to-tl in order",
+}
+"""AttnFuse's passes (`attnfuse.passes.get_all_passes`), in the order `attnfuse/pipeline.py` runs
+them, each with the line `--help` shows; the README describes their options."""
 
 EPILOG = """\
 diagnostics:
@@ -93,6 +112,35 @@ stage dump:
 """
 
 
+def _passes_help(available: Sequence[str]) -> str:
+    """--help's description: AttnFuse's passes, one a line; xDSL's are listed in the epilog."""
+    width = max(len(name) for name in ATTNFUSE_PASSES)
+    lines = [f"  {name:<{width}}  {summary}" for name, summary in ATTNFUSE_PASSES.items() if name in available]
+    return (
+        DESCRIPTION
+        + ".\n\nAttnFuse's passes (-p 'name{option=value ...},...'; the README lists their options):\n"
+        + "\n".join(lines)
+    )
+
+
+def _xdsl_passes_help(available: Sequence[str]) -> str:
+    """The epilog's last section: every other registered pass, wrapped."""
+    others = [name for name in available if name not in ATTNFUSE_PASSES]
+    text = ", ".join(others)
+    wrapped = textwrap.fill(text, width=88, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+    return f"\nxDSL's passes ({len(others)}, also accepted by -p):\n{wrapped}\n"
+
+
+def _unknown_pass(name: str, available: Sequence[str]) -> str:
+    """The message for a pass name -p does not know, with the closest known names: AttnFuse's
+    where one is close, else xDSL's."""
+    ours = [p for p in available if p in ATTNFUSE_PASSES]
+    close = difflib.get_close_matches(name, ours, n=2, cutoff=0.6)
+    close = close or difflib.get_close_matches(name, list(available), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown pass '{name}'{hint} (--help lists the passes)"
+
+
 class UsageError(Exception):
     """Bad command-line input (a malformed pass pipeline, an unknown pass or option):
     reported as one line, with the exit status 1."""
@@ -102,16 +150,17 @@ class UsageError(Exception):
 
 _ANNOTATION = re.compile(
     r"expected-(?P<severity>error|warning|note|remark)(?P<regex>-re)?"
-    r"(?:@(?P<where>[+-]\d+|above|below|unknown))?\s*\{\{(?P<message>.*)\}\}"
+    r"(?:\s*@(?P<where>[+-]\d+|above|below|unknown))?\s*\{\{(?P<message>.*)\}\}"
 )
 
 
 @dataclass
 class ExpectedDiagnostic:
     """One `// expected-<severity>[-re][@where] {{message}}` annotation, as mlir-opt's
-    `-verify-diagnostics` reads it. `line` is the (1-based, whole-file) line the
-    diagnostic must be reported on, None for `@unknown`; `pattern` matches the message:
-    a substring, or with `-re` the literal text with `{{regex}}` parts."""
+    `-verify-diagnostics` reads it (blanks before `@where` allowed, as there). `line` is the
+    (1-based, whole-file) line the diagnostic must be reported on, None for `@unknown`;
+    `pattern` matches the message: a substring, or with `-re` the literal text with
+    `{{regex}}` parts."""
 
     severity: str
     line: int | None
@@ -235,9 +284,13 @@ class AttnFuseOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser):
         super().register_all_arguments(arg_parser)
-        arg_parser.epilog = EPILOG
+        arg_parser.description = _passes_help(list(self.available_passes))
+        arg_parser.epilog = EPILOG + _xdsl_passes_help(list(self.available_passes))
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         helps = {
+            "--passes": "Pass pipeline: comma-separated passes, each `name` or `name{option=value ...}` "
+            "(AttnFuse's passes are listed above, xDSL's at the end)",
+            "input_file": "path to the input file; `-` or none: stdin",
             "--verify-diagnostics": "Check the input's `// expected-error {{...}}` annotations against the "
             "errors produced, as mlir-opt does; exit 1 on a mismatch. Without annotations, print each "
             "chunk's verifier or pass diagnostic on stdout and exit 0, as xdsl-opt does (see below)",
@@ -246,8 +299,9 @@ class AttnFuseOptMain(xDSLOptMain):
             "--split-input-file": "Split the input at each `// -----` and process every chunk on its own; "
             "report each failing chunk and exit 1 if any failed",
         }
+        by_name = {a.dest: a for a in arg_parser._actions} | arg_parser._option_string_actions
         for option, text in helps.items():
-            arg_parser._option_string_actions[option].help = text
+            by_name[option].help = text
         arg_parser.add_argument(
             "--dump-stages",
             metavar="DIR",
@@ -269,7 +323,7 @@ class AttnFuseOptMain(xDSLOptMain):
         passes: list[ModulePass] = []
         for spec in specs:
             if spec.name not in self.available_passes:
-                raise UsageError(f"pass pipeline '{text}': unknown pass '{spec.name}' (--help lists the passes)")
+                raise UsageError(f"pass pipeline '{text}': {_unknown_pass(spec.name, list(self.available_passes))}")
             try:
                 passes.append(self.available_passes[spec.name]().from_pass_spec(spec))
             except (ValueError, TypeError) as e:
@@ -310,6 +364,26 @@ class AttnFuseOptMain(xDSLOptMain):
 
     # ------------------------------------------------------------------ chunks
 
+    def get_input_stream(self) -> tuple[IO[bytes], str]:
+        """The input file, or stdin when it is `-` or not given (MLIR)."""
+        if self.args.input_file == "-":
+            return sys.stdin.buffer, "mlir"
+        return super().get_input_stream()
+
+    def get_input_name(self) -> str:
+        return "<stdin>" if self.args.input_file in (None, "-") else self.args.input_file
+
+    def _check_has_attention(self, module: ModuleOp) -> None:
+        """An AttnFuse pass on a module without any attention would print it unchanged (and
+        `-t triton` then complain that it was not lowered): say what is missing instead."""
+        asked = [p.name for p in self.pipeline.passes if p.name in ATTNFUSE_PASSES]
+        if not asked:
+            return
+        from attnfuse.passes.analysis import NO_ATTENTION, variant_funcs
+
+        if not variant_funcs(module):
+            raise DiagnosticException(f"{asked[0]}: {NO_ATTENTION}")
+
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
         """Parse MLIR with `LocatingParser`, so that diagnostics can name lines."""
         if file_extension != "mlir" or self.args.frontend not in (None, "mlir"):
@@ -336,6 +410,7 @@ class AttnFuseOptMain(xDSLOptMain):
                 return ""
             if not self.args.disable_verify:
                 self.verify(module)
+            self._check_has_attention(module)
             self.apply_passes(module)
             return self.output_resulting_program(module)
         except UnicodeDecodeError as e:

@@ -156,10 +156,10 @@ class RopeScalingAttr(ParametrizedAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
-            kind = parser.parse_identifier("rope scaling kind (linear, llama3 or yarn)")
+            kind = parser.parse_identifier(": a rope scaling kind (linear, llama3 or yarn)")
             params: dict[str, Attribute] = {}
             while parser.parse_optional_punctuation(",") is not None:
-                key = parser.parse_identifier("rope scaling parameter name")
+                key = parser.parse_identifier(": a rope scaling parameter name (such as factor)")
                 parser.parse_punctuation("=")
                 flag = parser.parse_optional_boolean()
                 params[key] = _scaling_param(flag if flag is not None else float(parser.parse_number()))
@@ -348,7 +348,7 @@ class KvBoundAttr(ParametrizedAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
-            kind = parser.parse_identifier("KV bound kind")
+            kind = parser.parse_identifier(": a KV bound kind")
             param = None
             if parser.parse_optional_punctuation("(") is not None:
                 param = parser.parse_integer(allow_boolean=False)
