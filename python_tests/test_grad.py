@@ -15,8 +15,9 @@ Backends: `reference` (eager PyTorch, differentiated by autograd) and `interpret
 generated forward and backward Triton kernels under the interpreter, on CPU). Every case
 runs on both and none is skipped: a backend that refuses a gradient it should give (its
 "has no backward yet" error, say) fails the case. The gradients the compiler does not form
-(ALiBi slopes, a custom region's extra tensor, document ids; explicit inv_freq) are errors
-naming the argument, checked as such below ("gradients that are refused").
+(attn-autodiff: ALiBi slopes, document ids, a custom region's extra tensor, an explicit
+inv_freq) are an AttnFuseError naming the argument, checked as such below ("gradients that
+are refused"), never a skip.
 """
 
 from __future__ import annotations
