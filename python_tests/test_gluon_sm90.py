@@ -9,7 +9,7 @@ import ast
 
 import pytest
 import torch
-from kernel_harness import compile_for_sm90
+from kernel_harness import CUSTOM_MASK, compile_for_sm90
 
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
@@ -62,11 +62,18 @@ _FAMILIES = {
     "softcap-no-mask": ["attn.softcap {s} cap = 2.0"],
     "alibi-causal": ["attn.bias {s} alibi(%sl : tensor<8xf32>)", "attn.mask {s} causal"],
     "document-causal": ["attn.mask {s} causal", "attn.mask {s} document(%ids : tensor<?x?xi32>)"],
+    "custom-mask": [CUSTOM_MASK],  # a region reading an extra tensor (opaque to causal-split)
+    "no-mask": [],  # no score ops: the kernel without hooks
 }
+# Each family with and without a sink; the later families once each (a compile costs seconds).
+_CASES = [(f, sink) for f in list(_FAMILIES)[:-2] for sink in (False, True)] + [
+    ("custom-mask", True),
+    ("no-mask", False),
+]
+_PLAIN = ("rope-causal", "rope-qknorm-causal", "no-mask")  # a causal mask or none: no score functions
 
 
-@pytest.mark.parametrize("family", list(_FAMILIES))
-@pytest.mark.parametrize("sink", [False, True], ids=["", "sink"])
+@pytest.mark.parametrize("family,sink", _CASES, ids=[f + ("-sink" if sink else "") for f, sink in _CASES])
 def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_path) -> None:
     """A generated module's Gluon launch (its `gluon_kv_range` and score functions, their
     extra arguments, a sink, Q's RoPE tables) as the launcher makes it, compiled for sm 90."""
@@ -75,7 +82,11 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     from attnfuse.cache import load_source
 
     ops = _FAMILIES[family]
-    extras = [e for e in ("%sl: tensor<8xf32>", "%ids: tensor<?x?xi32>") if e.split(":")[0] in str(ops)]
+    extras = [
+        e
+        for e in ("%sl: tensor<8xf32>", "%ids: tensor<?x?xi32>", "%t: tensor<?xi32>")
+        if e.split(":")[0] + " :" in str(ops)
+    ]
     softmax = ""
     if sink:
         extras.append("%sk: tensor<8xf32>")
@@ -87,7 +98,7 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
         dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=rope, k_ops=rope, score_ops=ops, softmax=softmax, extras=extras
     )
     source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
-    plain = family in ("rope-causal", "rope-qknorm-causal")  # a causal mask: no score functions
+    plain = family in _PLAIN
     assert ("hooks=(gluon_kv_range, " in source) is not plain
     assert "rotate_q" not in source and ("rope=(rope_0_cos, rope_0_sin)" in source) is bool(rope)
     assert ("q_norm=(None, 1e-06)" in source) is ("qknorm" in family)
@@ -97,7 +108,12 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     module._gluon_fits = lambda *args: True
     module._launch = lambda *args: None  # K's pre-rotation (a Triton kernel: no GPU here)
     q, k, v = (torch.zeros(2, h, 256, 128, dtype=torch.bfloat16) for h in (8, 2, 2))
-    args = {"%sl": torch.ones(8), "%ids": torch.zeros(2, 256, dtype=torch.int32), "%sk": torch.zeros(8)}
+    args = {
+        "%sl": torch.ones(8),
+        "%ids": torch.zeros(2, 256, dtype=torch.int32),
+        "%t": torch.zeros(256, dtype=torch.int32),
+        "%sk": torch.zeros(8),
+    }
     module.launch(q, k, v, *(args[e.split(":")[0]] for e in extras))
     ((launch_args, kwargs),) = capture.calls
     if not plain:

@@ -10,11 +10,11 @@ and without a window, packed documents, a score_mod and a custom mask with an ex
 first row keeps no key), the generated module (min-len 2048 for every variant:
 gluon_min_len_transformed) runs it at N = 2048 and the test checks both that the Gluon kernel
 ran (a counting wrapper around the module's `_gluon_attention`) and the output and
-log-sum-exp. Calls it does not cover go to the
-generic kernel of the same module: a length that is not a multiple of 128, Nq != Nk, a
-misaligned view; non-contiguous q / v (the Hugging Face layout) take the Gluon kernel after
-a copy. Through the runtime at N = 4096: Llama 3, a Gemma 2 local layer (window 1024) and packed
-documents with sinks, and their gradients (the backward consumes the Gluon forward's out and lse).
+log-sum-exp. Calls it does not cover go to the generic kernel of the same module: a length
+that is not a multiple of 128 (every family at N = 1000), Nq != Nk, a misaligned view;
+non-contiguous q / v (the Hugging Face layout) take the Gluon kernel after a copy. Through the
+runtime at N = 4096: Llama 3, a Gemma 2 local layer (window 1024) and packed documents with sinks,
+and their gradients (the backward consumes the Gluon forward's out and lse).
 
 Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
 """
@@ -202,10 +202,16 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gluon_kernels")
 
 
-def _module(ir: str, folder: Path, seq_len: int) -> tuple[ModuleType, list[int]]:
-    """The generated module (sm 90, compiled for seq_len) and a list counting its Gluon launches."""
+def _module(ir: str, folder: Path, seq_len: int, min_len: int = 2048) -> tuple[ModuleType, list[int]]:
+    """The generated module (sm 90, compiled for seq_len; the Gluon kernel from min_len, for every
+    variant) and a list counting its Gluon launches."""
     source = compile_module(
-        parse_module(ir), sm=device_sm(), seq_len=seq_len, gluon_head_dims=(64, 128), gluon_min_len_transformed=2048
+        parse_module(ir),
+        sm=device_sm(),
+        seq_len=seq_len,
+        gluon_head_dims=(64, 128),
+        gluon_min_len=min_len,
+        gluon_min_len_transformed=min_len,
     ).source
     assert "_gluon_attention(" in source, "kernel-path did not choose the Gluon kernel"
     kern = load_source(source, folder, interpret=False)
@@ -254,6 +260,24 @@ def test_calls_the_gluon_kernel_does_not_cover_take_the_generic_kernel(nq: int, 
     args = _inputs(CASES["rope-causal-d128-bf16"], nq, nk)
     _check(kern, ir, args, [a.cuda() for a in args], f"nq={nq} nk={nk}")
     assert calls == [], "the Gluon kernel ran on a call it does not cover"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_family_at_a_length_not_a_multiple_of_128(name: str, folder: Path) -> None:
+    """N = 1000 (Gluon from N = 512 here, so that only the ragged length turns it away): the
+    module's generic kernel computes the call, with the variant's mask, score functions and
+    extras, and matches the reference; at N = 1024 the same module would take the Gluon kernel."""
+    _, hq, hkv, d, dtype, pieces, _ = CASES[name]
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, 1024, min_len=512)
+    assert "_gluon_fits(q, k, v, 512)" in Path(kern.__file__ or "").read_text()
+    args = _inputs(CASES[name], 1000, 1000)
+    gpu = [a.cuda() for a in args]
+    assert not kern._gluon_fits(*gpu[:3], 512)
+    aligned = [torch.empty(*x.shape[:2], 1024, x.shape[3], dtype=x.dtype, device=x.device) for x in gpu[:3]]
+    assert kern._gluon_fits(*aligned, 512)
+    _check(kern, ir, args, gpu, f"{name} at N = 1000")
+    assert calls == [], f"{name}: the Gluon kernel ran at N = 1000"
 
 
 def test_misaligned_and_non_contiguous_inputs(folder: Path) -> None:

@@ -12,10 +12,12 @@ The two oracles must agree with each other to 1e-9, which checks the oracles the
 Only the inputs that require grad may get a gradient; the others keep `.grad` None.
 
 Backends: `reference` (eager PyTorch, differentiated by autograd) and `interpret` (the
-generated forward and backward Triton kernels under the interpreter, on CPU). The
-interpret cases are skipped only while that backend refuses gradients with its "has no
-backward yet" error (checked once on a tiny variant); as soon as the backward lands they
-run, and any other failure of the check shows up in the tests themselves.
+generated forward and backward Triton kernels under the interpreter, on CPU). Every case
+runs on both and none is skipped: a backend that refuses a gradient it should give (its
+"has no backward yet" error, say) fails the case. The gradients the compiler does not form
+(attn-autodiff: ALiBi slopes, document ids, a custom region's extra tensor, an explicit
+inv_freq) are an AttnFuseError naming the argument, checked as such below ("gradients that
+are refused"), never a skip.
 """
 
 from __future__ import annotations
@@ -44,45 +46,10 @@ TOLERANCE = {torch.float32: 3e-4, torch.float16: 6e-3}
 """Relative L2 error of each gradient (and of the output) against float64 autograd (issue 11)."""
 ORACLE_AGREEMENT = 1e-9
 """Relative L2 distance allowed between the two float64 oracles."""
-REFUSAL = "has no backward yet"
-"""What a backend without a backward says when asked for a gradient (attnfuse.runtime)."""
-
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log2:RuntimeWarning")
 
 
 # --------------------------------------------------------------------------- backends
-
-
-@functools.cache
-def interpret_refusal() -> str | None:
-    """The interpret backend's "has no backward yet" message, or None once it
-    differentiates a tiny variant (or fails some other way, which the tests then show)."""
-
-    @af.variant
-    def tiny(q, k, v):
-        return af.pv(af.softmax(af.qk(q, k)), v)
-
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 4, 16, generator=gen) for _ in range(3))
-    q.requires_grad_()
-    try:
-        with af.backend("interpret"):
-            out = tiny(q, k, v)
-        out.sum().backward()
-    except af.AttnFuseError as e:
-        if REFUSAL in str(e):
-            return str(e)
-    except Exception:  # noqa: BLE001 - not the refusal: let the real tests report it
-        pass
-    return None
-
-
-def skip_unless_differentiable(backend: str) -> None:
-    """Skip while `backend` refuses gradients (the interpreter before its backward lands)."""
-    if backend == "interpret":
-        refusal = interpret_refusal()
-        if refusal is not None:
-            pytest.skip(f"interpret backend refuses gradients for now: {refusal}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +62,6 @@ def kernel_cache(tmp_path_factory):
 
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
-    skip_unless_differentiable(request.param)
     return request.param
 
 
@@ -694,7 +660,6 @@ def test_gradient_of_a_constant_extra_is_an_error(variant, args, name):
     """ALiBi slopes and tensors read inside custom regions get no gradient: asking for one is an
     AttnFuseError naming the argument, never a silently missing gradient. (The reference backend
     differentiates them by plain autograd, so this is checked on the interpreter only.)"""
-    skip_unless_differentiable("interpret")
     leaves = list(args())
     index = variant.arg_names.index(name)
     leaves[index] = leaves[index].clone().requires_grad_()
@@ -730,7 +695,6 @@ def test_alibi_slopes_formula_matches_hand_written():
 def test_double_backward_is_an_error():
     """Gradients of gradients are not supported: a clear AttnFuseError, not a wrong or missing
     second derivative (issue 11)."""
-    skip_unless_differentiable("interpret")
     q, k, v = qkv(MHA, torch.float32)
     q.requires_grad_()
     with pytest.raises(af.AttnFuseError):

@@ -10,10 +10,8 @@ and through the reference executor (`test_grad.compute` / `check`), on
 
 - `reference`: the eager executor, differentiated by plain autograd;
 - `interpret`: the generated forward and backward Triton kernels under the interpreter (CPU,
-  N <= 48). These are skipped only while compiling a rope at explicit positions raises the
-  lowering's "cannot compile" error (a `DiagnosticException`) about positions, probed once
-  per direction on a tiny variant; once it compiles, they run for real and any other
-  failure shows up in the tests themselves.
+  N <= 48). None of these is skipped: a lowering or a backend that refuses a rope at explicit
+  positions fails them.
 
 Position layouts: a left-padded batch (each batch entry's real tokens start at another
 offset, its padding at negative positions), a packed batch (positions restart at 0 at each
@@ -33,8 +31,7 @@ from typing import NamedTuple
 import plain_attention as plain
 import pytest
 import torch
-from test_grad import TOLERANCE, check, compute, rel_l2, skip_unless_differentiable
-from xdsl.utils.exceptions import DiagnosticException
+from test_grad import TOLERANCE, check, compute, rel_l2
 
 import attnfuse as af
 from attnfuse.reference import run_reference
@@ -56,58 +53,6 @@ def kernel_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("positions-cache")))
         yield
-
-
-# --------------------------------------------------------------------------- the interpreter's gate
-
-
-@af.variant
-def _probe(q, k, v, pos):
-    return af.pv(af.softmax(af.qk(af.rope(q, positions=pos), af.rope(k, positions=pos))), v)
-
-
-def _positions_refusal(e: BaseException) -> str | None:
-    """`e`'s message when it is the lowering refusing a rope at explicit positions: a
-    DiagnosticException, or the AttnFuseError wrapping one ("cannot compile ..."), that
-    names positions; else None."""
-    message = str(e)
-    compile_error = isinstance(e, DiagnosticException) or isinstance(e.__cause__, DiagnosticException)
-    if (compile_error or "cannot compile" in message) and "positions" in message:
-        return message
-    return None
-
-
-@functools.cache
-def interpret_refusal(direction: str) -> str | None:
-    """The interpreter's refusal to compile a rope at explicit positions, "forward" or
-    "backward" (q, k and v requiring grad), or None once it compiles (or fails another way,
-    which the tests then show)."""
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 4, 16, generator=gen) for _ in range(3))
-    if direction == "backward":
-        for x in (q, k, v):
-            x.requires_grad_()
-    try:
-        with af.backend("interpret"):
-            out = _probe(q, k, v, torch.arange(3, 7))
-        if direction == "backward":
-            out.sum().backward()
-    except Exception as e:  # noqa: BLE001 - not the refusal: let the real tests report it
-        return _positions_refusal(e)
-    return None
-
-
-def skip_unless_compiles(backend: str, direction: str) -> None:
-    """Skip an interpret case while the lowering cannot compile ropes at explicit positions
-    (in `direction`), or, for gradients, while the interpreter has no backward at all."""
-    if backend != "interpret":
-        return
-    if direction == "backward":
-        skip_unless_differentiable(backend)
-    for d in ("forward", direction):
-        refusal = interpret_refusal(d)
-        if refusal is not None:
-            pytest.skip(f"the Triton lowering cannot compile af.rope(positions=...) ({d}) yet: {refusal}")
 
 
 # --------------------------------------------------------------------------- shapes, positions, variants
@@ -315,7 +260,6 @@ def test_reference_forward_matches_formula(shape, rope, layout):
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_interpret_forward_matches_formula(rope, layout, dtype):
-    skip_unless_compiles("interpret", "forward")
     args = args_of(SMALL, layout, dtype)
     want = formula(rope)(*args)
     out = run(positioned(rope), "interpret", *args)
@@ -326,7 +270,6 @@ def test_interpret_forward_matches_formula(rope, layout, dtype):
 
 def test_interpret_decode_chunk_matches_formula():
     """Queries at the end of a left-padded cache, Nq != Nk, q and k positions [B, Nq] and [B, Nk]."""
-    skip_unless_compiles("interpret", "forward")
     shape = Shape(2, 4, 2, 5, 48, 16)
     args = args_of(shape, "left_padded", torch.float32)
     err = rel_l2(run(positioned("half"), "interpret", *args), formula("half")(*args))
@@ -350,7 +293,6 @@ def _q_only_formula(q, k, v, pos):
 def test_absolute_positions(backend, layout):
     """A rope on q alone at explicit positions ([B, Nq] or [Nq]) against the formula, and not
     the default rotation."""
-    skip_unless_compiles(backend, "forward")
     shape = CHUNK if backend == "reference" else SMALL
     q, k, v, qpos, _ = args_of(shape, layout, torch.float32)
     want = _q_only_formula(q, k, v, qpos)
@@ -393,7 +335,6 @@ def test_default_positions_reproduce_the_default_exactly(shape, batched, pos_dty
 
 
 def test_interpret_default_positions_reproduce_the_default():
-    skip_unless_compiles("interpret", "forward")
     shape = Shape(2, 2, 1, 9, 33, 16)
     q, k, v = qkv(shape, torch.float32)
     plain_out = run(unpositioned("half"), "interpret", q, k, v)
@@ -437,13 +378,11 @@ INTERPRET_GRAD_CASES = [
     ("rope", "layout"), INTERPRET_GRAD_CASES, ids=[f"{r}-{lay}" for r, lay in INTERPRET_GRAD_CASES]
 )
 def test_interpret_gradients(rope, layout, dtype):
-    skip_unless_compiles("interpret", "backward")
     result = compute(positioned(rope), formula(rope), args_of(SMALL, layout, dtype), WANTS, "interpret")
     check(result, WANTS, dtype, f"{rope} at {layout} positions {tuple(SMALL)} {dtype} on interpret")
 
 
 def test_interpret_gradients_of_a_decode_chunk():
-    skip_unless_compiles("interpret", "backward")
     shape = Shape(2, 2, 1, 7, 40, 16)
     result = compute(
         positioned("half"), formula("half"), args_of(shape, "left_padded", torch.float32), WANTS, "interpret"
@@ -471,7 +410,6 @@ def _shared_formula(q, k, v, pos):
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
 def test_one_positions_tensor_for_q_and_k(backend):
     """The masks keep the row indices (a sliding window over rows, not over positions)."""
-    skip_unless_compiles(backend, "backward")
     args = args_of(SMALL, "packed", torch.float32)[:4]
     result = compute(_shared, _shared_formula, args, WANTS, backend)
     check(result, WANTS, torch.float32, f"shared positions on {backend}")
@@ -564,8 +502,6 @@ def test_positions_must_match_the_length_and_batch(backend):
         ((qp[0], kp[0, 1:]), r"kpos must have size 40 \(the kv length\) in dim 0 \(af.rope positions of k: \[Nk\]"),
         ((kp, kp), r"qpos must have size 12 \(the query length\)"),
     ]
-    if backend == "interpret":
-        skip_unless_compiles(backend, "forward")
     for i in range(2):  # the second round runs through the hot path's entries
         for (qpos, kpos), message in cases:
             if i:
