@@ -886,7 +886,10 @@ def test_a_slow_interpreter_call_warns_once_with_its_expected_time(monkeypatch):
     assert len(slow) == 1, [str(w.message) for w in seen]
     assert "B 1, 4 heads, Nq 8, Nk 8) is expected to take about 256 s forward" in str(slow[0].message)
     assert slow[0].filename == __file__  # points at the caller's line
-    assert issubclass(launch.SlowInterpreterWarning, UserWarning)
+    assert (
+        issubclass(launch.SlowInterpreterWarning, UserWarning)
+        and af.SlowInterpreterWarning is launch.SlowInterpreterWarning
+    )
 
 
 def test_the_interpreter_estimate_for_the_reported_case():
