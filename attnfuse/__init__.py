@@ -39,17 +39,19 @@ _LAZY: dict[str, tuple[str, str]] = {
     "abs": ("attnfuse.dsl", "abs_"),
     "AttnFuseError": ("attnfuse.errors", "AttnFuseError"),
     "Kernel": ("attnfuse.runtime", "Kernel"),
+    "SlowInterpreterWarning": ("attnfuse.launch", "SlowInterpreterWarning"),
     "Variant": ("attnfuse.runtime", "Variant"),
     "backend": ("attnfuse.runtime", "backend"),
     "variant": ("attnfuse.runtime", "variant"),
     "alibi_slopes": ("attnfuse.variants", "alibi_slopes"),
 }
 
-_SUBMODULES = ("dsl", "errors", "runtime", "cache", "variants")
+_SUBMODULES = ("dsl", "errors", "launch", "runtime", "cache", "variants")
 
 __all__ = [
     "AttnFuseError",
     "Kernel",
+    "SlowInterpreterWarning",
     "Variant",
     "__version__",
     "abs",
@@ -65,6 +67,7 @@ __all__ = [
     "errors",
     "exp",
     "exp2",
+    "launch",
     "linear_scaling",
     "llama3_scaling",
     "log",
@@ -113,7 +116,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from attnfuse import cache, dsl, errors, runtime, variants
+    from attnfuse import cache, dsl, errors, launch, runtime, variants
     from attnfuse.dsl import (
         abs_ as abs,  # noqa: A001
     )
@@ -152,5 +155,6 @@ if TYPE_CHECKING:
         yarn_scaling,
     )
     from attnfuse.errors import AttnFuseError
+    from attnfuse.launch import SlowInterpreterWarning
     from attnfuse.runtime import Kernel, Variant, backend, variant
     from attnfuse.variants import alibi_slopes

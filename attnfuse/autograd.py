@@ -40,11 +40,12 @@ import contextlib
 import dataclasses
 import hashlib
 import itertools
+import operator
 import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from xdsl.dialects.func import FuncOp
@@ -55,13 +56,30 @@ from attnfuse import dsl
 from attnfuse.cache import KERNELS, KernelSpec, compiles_backward
 from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
-
-if TYPE_CHECKING:
-    from attnfuse.runtime import Variant
+from attnfuse.launch import current_backend, kernel_mode, reference_dtype
+from attnfuse.reference import run_reference, run_reference_with_lse
 
 __all__ = ["KernelTarget", "OpTarget", "ReferenceTarget", "attention", "recording", "site_call"]
 
 Tensor = torch.Tensor
+
+
+class VariantLike(Protocol):
+    """What the targets need of a variant (`attnfuse.runtime.Variant`, the front end,
+    which this module does not import): its name, its handle (`variant_handle`), the
+    op target of a call and a validated trace."""
+
+    __name__: str
+    _handle: str
+
+    def _op_target(
+        self, backend_name: str, q: Tensor, k: Tensor, v: Tensor, extras: tuple[object, ...]
+    ) -> tuple[OpTarget, tuple[Tensor, ...]]: ...
+
+    def _validated_trace(
+        self, q: Tensor, k: Tensor, v: Tensor, extras: Sequence[object]
+    ) -> tuple[dsl.Trace, tuple[object, ...]]: ...
+
 
 # --------------------------------------------------------------------------- targets
 
@@ -280,9 +298,7 @@ class ReferenceTarget(OpTarget):
         self.key = f"reference:{hashlib.sha256(trace.text.encode()).hexdigest()}"
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, extras: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-        from attnfuse.reference import run_reference_with_lse
-
-        out, lse = run_reference_with_lse(self.trace.module, q, k, v, *extras, compute_dtype=torch.float32)
+        out, lse = run_reference_with_lse(self.trace.module, q, k, v, *extras, compute_dtype=reference_dtype(q))
         return out.to(q.dtype).clone(), lse.float().clone()
 
     def layout(self, q: Tensor, k: Tensor, v: Tensor, extras: Sequence[Tensor]) -> Layout:
@@ -299,11 +315,9 @@ class ReferenceTarget(OpTarget):
         lse: Tensor,
         dout: Tensor,
     ) -> list[Tensor]:
-        from attnfuse.reference import run_reference
-
         with recording():
             inputs = [x.detach().requires_grad_(i in wrt) for i, x in enumerate((q, k, v, *extras))]
-            again = run_reference(self.trace.module, *inputs, compute_dtype=torch.float32).to(q.dtype)
+            again = run_reference(self.trace.module, *inputs, compute_dtype=reference_dtype(q)).to(q.dtype)
             grads = torch.autograd.grad(again, [inputs[i] for i in wrt], dout, allow_unused=True)
         return [torch.zeros_like(inputs[i]) if g is None else g for i, g in zip(wrt, grads, strict=True)]
 
@@ -313,7 +327,7 @@ class SiteTarget(OpTarget):
     it was traced, and the given extra arguments with their tensors left out (`consts`:
     per argument, (True, None) for a tensor or (False, value))."""
 
-    def __init__(self, variant: Variant, backend: str, consts: tuple[tuple[bool, object], ...], key: str):
+    def __init__(self, variant: VariantLike, backend: str, consts: tuple[tuple[bool, object], ...], key: str):
         self.variant, self.backend, self.consts, self.key = variant, backend, consts, key
 
     def _extras(self, tensors: Sequence[Tensor]) -> tuple[object, ...]:
@@ -328,10 +342,8 @@ class SiteTarget(OpTarget):
         return self.variant._op_target(self.backend, q, k, v, self._extras(tensors))
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, extras: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-        from attnfuse.runtime import _kernel_mode, current_backend
-
         now = current_backend()
-        if now != self.backend and _kernel_mode(now, q) != _kernel_mode(self.backend, q):
+        if now != self.backend and kernel_mode(now, q) != kernel_mode(self.backend, q):
             raise AttnFuseError(
                 f"this call of {self.variant.__name__} was traced by torch.compile under backend {self.backend!r} "
                 f"and runs under {now!r}: compiled code keeps the backend it was traced with (torch.compile does "
@@ -378,12 +390,12 @@ def _meta(t: Tensor) -> Tensor:
     return torch.empty([size(d) for d in t.shape], dtype=t.dtype, device="meta")
 
 
-_VARIANTS: weakref.WeakValueDictionary[str, Variant] = weakref.WeakValueDictionary()
+_VARIANTS: weakref.WeakValueDictionary[str, VariantLike] = weakref.WeakValueDictionary()
 _SITES: dict[tuple[str, str, tuple[tuple[bool, object], ...]], SiteTarget] = {}
 _numbers = itertools.count(1)
 
 
-def variant_handle(variant: Variant) -> str:
+def variant_handle(variant: VariantLike) -> str:
     """A name for `variant` in this process (`Variant.__init__` takes one; a string, since
     torch.compile may turn an integer attribute into a symbolic one): torch.compile passes
     it, a constant, where some torch versions cannot pass the object itself."""
@@ -398,8 +410,6 @@ def _site_key(handle: str, consts: tuple[tuple[bool, object], ...]) -> str:
     """The key of a call site of the variant of this `handle` (`variant_handle`): run by
     torch.compile when it traces the call (the result is a constant of the graph), reading
     the backend in effect then."""
-    from attnfuse.runtime import current_backend
-
     backend = current_backend()
     with _registry_lock:
         site = _SITES.get((handle, backend, consts))
@@ -410,9 +420,24 @@ def _site_key(handle: str, consts: tuple[tuple[bool, object], ...]) -> str:
     return site.key
 
 
-def site_call(variant: Variant, q: Tensor, k: Tensor, v: Tensor, extras: tuple[object, ...]) -> Tensor:
+def _specialized(x: object) -> object:
+    """A constant argument as the value the IR bakes in. torch.compile makes a Python int
+    or float that changed between calls symbolic (automatic dynamic shapes), which
+    `_site_key` cannot take; reading its exact value (`operator.index`, `float.hex`) has
+    dynamo specialise it instead: the graph guards on the value and is traced again for
+    another one (as a new constant means a new IR)."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, int):
+        return operator.index(x)
+    if isinstance(x, float):
+        return float.fromhex(x.hex())
+    return x
+
+
+def site_call(variant: VariantLike, q: Tensor, k: Tensor, v: Tensor, extras: tuple[object, ...]) -> Tensor:
     """A variant call inside code torch.compile traces: one `attnfuse::attention` node."""
-    consts = tuple((True, None) if isinstance(x, torch.Tensor) else (False, x) for x in extras)
+    consts = tuple((True, None) if isinstance(x, torch.Tensor) else (False, _specialized(x)) for x in extras)
     tensors = [x for x in extras if isinstance(x, torch.Tensor)]
     return torch.ops.attnfuse.attention(_site_key(variant._handle, consts), q, k, v, tensors)[0]
 

@@ -1,15 +1,15 @@
 """The runtime: variants that trace once per signature, validate their inputs, and
 dispatch to a backend through the kernel cache.
 
-Backends:
+Backends (`attnfuse.launch`): `triton` (CUDA tensors), `interpret` (the generated code
+under the Triton interpreter, on CPU), `reference` (the eager executor of the attn IR,
+`attnfuse.reference`; float64 calls run only there, in float64) and `auto` (the default:
+`triton` for CUDA tensors, `reference` for CPU tensors), chosen by `af.backend(name)`,
+else `$ATTNFUSE_BACKEND`, else `auto`.
 
-- `triton`: the generated Triton kernel on CUDA tensors;
-- `interpret`: the same generated code under the Triton interpreter (on CPU). bfloat16
-  calls run the float32 kernel (inputs cast up, the output back down): Triton 3.6's
-  interpreter multiplies bfloat16 bit patterns in `tl.dot`;
-- `reference`: the eager PyTorch executor of the attn IR (`attnfuse.reference`),
-  computing in float32 and returning q's dtype;
-- `auto` (the default): `triton` for CUDA tensors, `reference` for CPU tensors.
+A variant call takes q, k, v as [B, H, N, D] (`layout="bhnd"`, the default) or, with
+`layout="bnhd"`, as [B, N, H, D] (FlashAttention's and Hugging Face's layout): the call
+runs on transposed views and returns the output in the caller's layout, at no copy.
 
 Every backend is differentiable. `reference` is plain PyTorch autograd over the eager
 executor. On `triton` and `interpret`, a call that needs a gradient (grad mode on and an
@@ -36,9 +36,6 @@ Degenerate shapes behave the same on every backend: no keys (Nk = 0) give zeros 
 -inf, or the sink's logit), no queries (Nq = 0) or B = 0 an empty output; zero heads
 or a zero head dim is an `AttnFuseError` naming the tensor.
 
-The backend comes from `with af.backend(name):` (per thread and task: a context
-variable), else from the `ATTNFUSE_BACKEND` environment variable, else `auto`.
-
 A call whose signature was seen before (the hot path) does no tracing, IR work or
 file I/O: it builds a tuple from tensor attributes, looks it up in the variant's
 dict, checks the few relations the tuple cannot hold (batch sizes, kv lengths,
@@ -47,21 +44,33 @@ devices, extra tensors' sizes) and launches.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import inspect
-import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
-from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse import autograd, cache, dsl, validation
-from attnfuse.cache import KERNELS, KernelSpec, LoadedKernel, seq_bucket, use_compiler
+from attnfuse import autograd, cache, dsl, launch, validation
+from attnfuse.cache import KERNELS, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
+from attnfuse.launch import (
+    BACKENDS,
+    backend,
+    backend_var,
+    check_backend,
+    current_backend,
+    device_sm,
+    env_backend,
+    kernel_mode,
+    load_kernel,
+    lse_workspace,
+    reference_dtype,
+    via_float32,
+    warn_if_slow,
+)
+from attnfuse.reference import run_reference
 
 __all__ = [
     "BACKENDS",
@@ -75,52 +84,6 @@ __all__ = [
     "use_compiler",
     "variant",
 ]
-
-BACKENDS = ("auto", "triton", "interpret", "reference")
-
-_backend_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnfuse_backend", default=None)
-
-
-def _check_backend(name: object, source: str) -> str:
-    if name not in BACKENDS:
-        raise AttnFuseError(f"{source} {name!r} is not a backend; expected one of {', '.join(BACKENDS)}")
-    return name  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def backend(name: str) -> Iterator[None]:
-    """Run variants inside the block on backend `name` (auto, triton, interpret or
-    reference)."""
-    token = _backend_var.set(_check_backend(name, "af.backend"))
-    try:
-        yield
-    finally:
-        _backend_var.reset(token)
-
-
-# os.environ.get costs about a microsecond (the key is encoded on every call); the hot path
-# reads the variable from os.environ's own mapping with the key encoded once, so changes made
-# through os.environ (and pytest's monkeypatch) are still seen.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_KEY = os.environ.encodekey("ATTNFUSE_BACKEND") if hasattr(os.environ, "encodekey") else None  # type: ignore[attr-defined]
-
-
-def _env_backend() -> str | None:
-    """$ATTNFUSE_BACKEND, or None when unset."""
-    if _ENV_DATA is None or _ENV_KEY is None:
-        return os.environ.get("ATTNFUSE_BACKEND")
-    raw = _ENV_DATA.get(_ENV_KEY)
-    return None if raw is None else os.environ.decodevalue(raw)  # type: ignore[attr-defined]
-
-
-def current_backend() -> str:
-    """The backend name in effect: af.backend(...), else $ATTNFUSE_BACKEND, else auto."""
-    name = _backend_var.get()
-    if name is not None:
-        return name
-    env = os.environ.get("ATTNFUSE_BACKEND")
-    return _check_backend(env, "ATTNFUSE_BACKEND=") if env else "auto"
-
 
 _STATS = {"traces": 0}
 _VARIANTS: weakref.WeakSet[Variant] = weakref.WeakSet()
@@ -138,7 +101,7 @@ def clear_caches() -> None:
     disk cache stays)."""
     KERNELS.clear_memory()
     autograd.clear()
-    _LSE_WORKSPACES.clear()
+    launch.LSE_WORKSPACES.clear()
     for v in list(_VARIANTS):
         v._traces.clear()
         v._hot.clear()
@@ -146,91 +109,6 @@ def clear_caches() -> None:
 
 
 # --------------------------------------------------------------------------- kernels
-
-_SM: dict[int, int] = {}
-
-
-def device_sm(device: torch.device | str | int | None = None) -> int:
-    """The SM version of a CUDA device (its compute capability as major * 10 + minor: 90
-    for Hopper), the current one by default; 0 for a device that is not a CUDA GPU, or
-    without CUDA (the interpreter's SM). Cached per device."""
-    device = torch.device("cuda") if device is None else torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return 0
-    index = torch.cuda.current_device() if device.index is None else device.index
-    if index not in _SM:
-        major, minor = torch.cuda.get_device_capability(index)
-        _SM[index] = major * 10 + minor
-    return _SM[index]
-
-
-def _kernel_mode(backend_name: str, q: torch.Tensor) -> str:
-    """The backend that runs for `backend_name` and these tensors."""
-    if backend_name == "auto":
-        return "triton" if q.device.type == "cuda" else "reference"
-    if backend_name == "triton" and q.device.type != "cuda":
-        raise AttnFuseError(
-            f"backend 'triton' runs on CUDA tensors, but q is on {q.device}; use 'interpret' or "
-            f"'reference' for CPU tensors"
-        )
-    return backend_name
-
-
-def _load_kernel(
-    trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpret: bool
-) -> tuple[LoadedKernel, Callable[..., Any], KernelSpec]:
-    """The kernel of `trace` for these tensors, its launch function (`KernelCache.launcher`)
-    and its spec."""
-    spec = KernelSpec(
-        ir=trace.text,
-        dtypes=(str(q.dtype), str(k.dtype), str(v.dtype)),
-        heads=(q.shape[1], k.shape[1]),
-        head_dims=(q.shape[3], v.shape[3]),
-        seq_bucket=seq_bucket(q.shape[2], k.shape[2]),
-        sm=0 if interpret else device_sm(q.device),
-        interpret=interpret,
-    )
-    try:
-        return (*KERNELS.launcher(trace.module, spec), spec)
-    except DiagnosticException as e:
-        name = trace.module.ops.first.sym_name.data  # type: ignore[union-attr]
-        raise AttnFuseError(
-            f"the Triton lowering cannot compile {name}: {e} (the reference backend runs every variant the attn "
-            f"dialect can express)"
-        ) from e
-
-
-def _as_float32(x: object) -> object:
-    """A bfloat16 tensor as a float32 copy; anything else as it is."""
-    if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
-        return x.float()
-    return x
-
-
-def _via_float32(launch: Callable[..., Any]) -> Callable[..., Any]:
-    """`launch` of a float32 kernel, called with the tensors of a bfloat16 call: they are
-    cast to float32, the output back to bfloat16 (lse stays float32)."""
-
-    def run(*tensors: torch.Tensor, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse_out = launch(*[_as_float32(t) for t in tensors], lse=lse)
-        return out.to(torch.bfloat16), lse_out
-
-    return run
-
-
-_LSE_WORKSPACES: dict[torch.device, torch.Tensor] = {}
-
-
-def _lse_workspace(q: torch.Tensor) -> torch.Tensor:
-    """A float32 buffer on q's device with room for a call's log-sum-exp ([B, Hq, Nq]), for
-    calls that discard it (no backward): the kernel writes it there instead of into a new
-    allocation (a few microseconds of host time per call). One per device, grown as needed
-    and kept; concurrent calls may share it, since nothing reads it."""
-    n = q.shape[0] * q.shape[1] * q.shape[2]
-    ws = _LSE_WORKSPACES.get(q.device)
-    if ws is None or ws.numel() < n:
-        ws = _LSE_WORKSPACES[q.device] = torch.empty(max(n, 1 << 16), dtype=torch.float32, device=q.device)
-    return ws
 
 
 def _requires_grad(x: object) -> bool:
@@ -310,6 +188,8 @@ class Kernel:
         """(out [B, Hq, Nq, Dv] in q's dtype, natural-log lse float32 [B, Hq, Nq]);
         differentiable (with respect to out: lse is not) as a variant call is."""
         tensors = self.variant._validate_for(q, k, v, extras, self._signature, self.trace)
+        if self.interpreted:
+            warn_if_slow(q, k)
         if _needs_grad(q, k, v, tensors):
             return _differentiable(self._target, q, k, v, tensors)
         return self._launch(q, k, v, *tensors)
@@ -393,11 +273,17 @@ class Variant:
 
     # ---- the hot path
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> torch.Tensor:
-        """out = attention(q, k, v, *extras): [B, Hq, Nq, Dv] in q's dtype."""
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object, layout: str = "bhnd"
+    ) -> torch.Tensor:
+        """out = attention(q, k, v, *extras): [B, Hq, Nq, Dv] in q's dtype. With
+        `layout="bnhd"`, q, k, v are [B, N, H, D] (FlashAttention's and Hugging Face's
+        layout) and so is the output, [B, Nq, Hq, Dv]: transposed views, no copies."""
+        if layout != "bhnd":
+            return self._call_bnhd(q, k, v, extras, layout)
         if _is_compiling():
             return autograd.site_call(self, q, k, v, extras)
-        backend_name = _backend_var.get() or _env_backend() or "auto"
+        backend_name = backend_var.get() or env_backend() or "auto"
         try:  # `_entry`, inlined
             entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
         except Exception:
@@ -408,6 +294,17 @@ class Variant:
         if entry.check is not None and not entry.check(q, k, extras):
             return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
         return entry.run(q, k, v, extras)
+
+    def _call_bnhd(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...], layout: str
+    ) -> torch.Tensor:
+        """A call with tensors in `layout` (not "bhnd"): the [B, H, N, D] call of the
+        transposed views, its output transposed back (gradients flow through both)."""
+        validation.check_layout(layout)
+        if not _is_compiling():  # errors naming the caller's dims (a traced call checks when it runs)
+            validation.check_qkv(q, k, v, layout)
+        out = self(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *extras)
+        return out.transpose(1, 2)
 
     def _entry(
         self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
@@ -459,8 +356,8 @@ class Variant:
         sig = self._signature(q, k, v, full)
         trace = self._traces.get(sig)
         if trace is None:
-            args = [dsl.TensorArg.of(q), dsl.TensorArg.of(k), dsl.TensorArg.of(v)]
-            args += [dsl.TensorArg.of(x) if isinstance(x, torch.Tensor) else x for x in full]
+            args = [_trace_arg(q), _trace_arg(k), _trace_arg(v)]
+            args += [_trace_arg(x) if isinstance(x, torch.Tensor) else x for x in full]
             trace = dsl.trace(self.fn, self.__name__, self.arg_names, args)
             _STATS["traces"] += 1
             self._traces[sig] = trace
@@ -478,35 +375,36 @@ class Variant:
     def _prepare(
         self, backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
     ) -> _Entry:
-        backend_name = _check_backend(backend_name, "af.backend" if _backend_var.get() else "ATTNFUSE_BACKEND=")
+        backend_name = check_backend(backend_name, "af.backend" if backend_var.get() else "ATTNFUSE_BACKEND=")
         trace, full = self._validated_trace(q, k, v, extras)
         validation.check_against_trace(trace, q, k, v, extras)
         select = self._selector(full, len(extras))
-        mode = _kernel_mode(backend_name, q)
+        mode = kernel_mode(backend_name, q)
         if mode == "reference":
-            from attnfuse.reference import run_reference
-
             cache.warn_reference_dumps_nothing()  # ATTNFUSE_DUMP_IR: the reference compiles nothing
             module = trace.module
             target: autograd.OpTarget = autograd.register(autograd.ReferenceTarget(trace))
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = cast(tuple[torch.Tensor, ...], extras if select is None else select(extras))
-                return run_reference(module, q, k, v, *tensors, compute_dtype=torch.float32).to(q.dtype)
+                return run_reference(module, q, k, v, *tensors, compute_dtype=reference_dtype(q)).to(q.dtype)
 
         else:
             if _needs_grad(q, k, v, full):  # before compiling anything
                 names = [n for n, x in zip(self.arg_names, (q, k, v, *full), strict=True) if _requires_grad(x)]
                 autograd.refuse_without_backward(mode == "interpret", names, self.__name__)
-            _, launch, kernel_target = self._kernel(trace, q, k, v, full, interpret=mode == "interpret")
+            interpret = mode == "interpret"
+            _, launch_fn, kernel_target = self._kernel(trace, q, k, v, full, interpret=interpret)
             target = kernel_target
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = extras if select is None else select(extras)
+                if interpret:
+                    warn_if_slow(q, k)
                 if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
                     if torch.is_grad_enabled():
                         return _differentiable(kernel_target, q, k, v, tensors)[0]
-                return launch(q, k, v, *tensors, lse=_lse_workspace(q))[0]
+                return launch_fn(q, k, v, *tensors, lse=lse_workspace(q))[0]
 
         check = validation.with_length_check(trace, validation.extras_check(trace, len(extras)))
         entry = _Entry(run, check, target, select)
@@ -524,10 +422,17 @@ class Variant:
     ) -> tuple[LoadedKernel, Callable[..., Any], autograd.KernelTarget]:
         """The kernel of `trace` for these arguments, its launch function and its (registered)
         custom-op target; for bfloat16 on the interpreter, the float32 kernel, launched
-        through `_via_float32`."""
+        through `via_float32`."""
+        if q.dtype == torch.float64:
+            mode = "interpret" if interpret else "triton"
+            raise AttnFuseError(
+                f"q, k and v are float64, which the {mode} backend does not run (the generated kernels compute "
+                f"in float32); af.backend('reference') computes float64 calls in float64 (torch.autograd.gradcheck "
+                f"works there)"
+            )
         names = [*self.arg_names[:3], *(n for n, x in zip(self.arg_names[3:], full, strict=True) if _is_tensor(x))]
         if not (interpret and q.dtype == torch.bfloat16):
-            loaded, launch, spec = _load_kernel(trace, q, k, v, interpret)
+            loaded, launch, spec = load_kernel(trace, q, k, v, interpret)
             target = autograd.KernelTarget(self.__name__, names, trace, spec, launch, float32=False)
             return loaded, launch, cast(autograd.KernelTarget, autograd.register(target))
 
@@ -540,8 +445,8 @@ class Variant:
         assert isinstance(fq, torch.Tensor) and isinstance(fk, torch.Tensor) and isinstance(fv, torch.Tensor)
         last, trace32 = self._last, self._trace(fq, fk, fv, [meta(x) for x in full])
         self._last = last
-        loaded, launch, spec = _load_kernel(trace32, fq, fk, fv, interpret)
-        launch = _via_float32(launch)
+        loaded, launch, spec = load_kernel(trace32, fq, fk, fv, interpret)
+        launch = via_float32(launch)
         target = autograd.KernelTarget(self.__name__, names, trace32, spec, launch, float32=True)
         return loaded, launch, cast(autograd.KernelTarget, autograd.register(target))
 
@@ -588,7 +493,7 @@ class Variant:
         if name in ("auto", "reference"):
             interpret = q.device.type != "cuda"
         else:
-            interpret = _kernel_mode(name, q) == "interpret"
+            interpret = kernel_mode(name, q) == "interpret"
         loaded, launch, target = self._kernel(trace, q, k, v, full, interpret)
         return Kernel(self, trace, loaded, launch, self._signature(q, k, v, full), target)
 
@@ -617,6 +522,12 @@ class Variant:
             )
         q = torch.empty(1, 8, 1, 64, dtype=torch.float16, device="meta")
         return self._validated_trace(q, q, q, ())[0]
+
+
+def _trace_arg(x: torch.Tensor) -> dsl.TensorArg:
+    """What tracing sees of a tensor argument: float64 (which only the reference backend
+    runs, see `launch.reference_dtype`) is traced as float32, the IR having no f64 tensors."""
+    return dsl.TensorArg(torch.float32 if x.dtype == torch.float64 else x.dtype, tuple(x.shape))
 
 
 def _is_tensor(x: object) -> bool:

@@ -14,44 +14,89 @@ from attnfuse import dsl
 from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 
+QKV_DTYPES = (*dsl.QKV_DTYPES, torch.float64)
+"""dtypes q, k and v may have: the traced ones (`dsl.QKV_DTYPES`) and float64, which the
+reference backend runs (traced as float32, computed in float64) and the kernels refuse."""
+
 _SIZE_NAMES = {"B": "the batch size", "Hq": "q's head count", "Nq": "the query length", "Nk": "the kv length"}
 
 
-def check_qkv(q: object, k: object, v: object) -> None:
-    """Check q, k, v: tensors of rank 4, a supported shared dtype, one device,
-    consistent batch, heads, head dims and kv lengths."""
+LAYOUTS = ("bhnd", "bnhd")
+"""The layouts a variant call takes (`layout=`): "bhnd", tensors [B, H, N, D] (the default),
+or "bnhd", tensors [B, N, H, D] (FlashAttention's and Hugging Face's own layout), read
+through transposed views at no cost."""
+
+_LAYOUT_SHAPES = {"bhnd": "[B, H, N, D]", "bnhd": "[B, N, H, D]"}
+_LAYOUT_DIMS = {"bhnd": (0, 1, 2, 3), "bnhd": (0, 2, 1, 3)}  # where B, H, N, D are
+
+
+def check_layout(layout: object) -> str:
+    """`layout` if it is one of `LAYOUTS`, else an `AttnFuseError` listing them."""
+    if layout not in LAYOUTS:
+        raise AttnFuseError(
+            f"layout must be 'bhnd' (tensors [B, H, N, D], the default) or 'bnhd' (tensors [B, N, H, D]), "
+            f"got {layout!r}"
+        )
+    return layout  # type: ignore[return-value]
+
+
+def _other_layout_hint(layout: str) -> str:
+    """What to pass when the tensors are in the other layout."""
+    other = "bnhd" if layout == "bhnd" else "bhnd"
+    return f"if your tensors are {_LAYOUT_SHAPES[other]}, pass layout='{other}'"
+
+
+def _check_tensor(name: str, t: object, layout: str) -> None:
+    """One of q, k, v: a tensor of rank 4 with heads and channels, of a q/k/v dtype."""
+    shape = _LAYOUT_SHAPES[layout]
+    if not isinstance(t, torch.Tensor):
+        raise AttnFuseError(f"{name} must be a torch.Tensor {shape}, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise AttnFuseError(f"{name} must have rank 4 {shape}, got shape {list(t.shape)}")
+    _, h, _, d = _LAYOUT_DIMS[layout]
+    if t.shape[h] == 0 or t.shape[d] == 0:
+        what = f"no heads (dim {h}" if t.shape[h] == 0 else f"head dim 0 (dim {d}"
+        raise AttnFuseError(
+            f"{name} has {what} of {shape}), shape {list(t.shape)}; attention needs at least one "
+            f"head of at least one channel"
+        )
+    if t.dtype not in QKV_DTYPES:
+        raise AttnFuseError(
+            f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32 "
+            f"(or torch.float64 on the reference backend)"
+        )
+
+
+def check_qkv(q: object, k: object, v: object, layout: str = "bhnd") -> None:
+    """Check q, k, v: tensors of rank 4 in `layout` ([B, H, N, D] or [B, N, H, D]), a
+    supported shared dtype, one device, consistent batch, heads, head dims and kv lengths.
+    Errors name dims and shapes as the caller passed them."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise AttnFuseError(f"{name} must be a torch.Tensor [B, H, N, D], got {type(t).__name__}")
-        if t.dim() != 4:
-            raise AttnFuseError(f"{name} must have rank 4 [B, H, N, D], got shape {list(t.shape)}")
-        if t.shape[1] == 0 or t.shape[3] == 0:
-            what = "no heads (dim 1" if t.shape[1] == 0 else "head dim 0 (dim 3"
-            raise AttnFuseError(
-                f"{name} has {what} of [B, H, N, D]), shape {list(t.shape)}; attention needs at least one "
-                f"head of at least one channel"
-            )
-        if t.dtype not in dsl.QKV_DTYPES:
-            raise AttnFuseError(f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+        _check_tensor(name, t, layout)
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    shape, (_, h, n, d) = _LAYOUT_SHAPES[layout], _LAYOUT_DIMS[layout]
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise AttnFuseError(f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k and v must share a dtype")
         if t.device != q.device:
             raise AttnFuseError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
         if t.shape[0] != q.shape[0]:
-            raise AttnFuseError(f"{name} has batch size {t.shape[0]} but q has {q.shape[0]} (dim 0 of [B, H, N, D])")
-    if k.shape[3] != q.shape[3]:
-        raise AttnFuseError(f"k has head dim {k.shape[3]} but q has {q.shape[3]}: q and k must share the head dim")
-    if v.shape[1] != k.shape[1]:
-        raise AttnFuseError(f"v has {v.shape[1]} heads but k has {k.shape[1]}: k and v must share the head count")
-    if v.shape[2] != k.shape[2]:
+            raise AttnFuseError(f"{name} has batch size {t.shape[0]} but q has {q.shape[0]} (dim 0 of {shape})")
+    if k.shape[d] != q.shape[d]:
+        raise AttnFuseError(f"k has head dim {k.shape[d]} but q has {q.shape[d]}: q and k must share the head dim")
+    if v.shape[h] != k.shape[h]:
         raise AttnFuseError(
-            f"v has {v.shape[2]} kv positions (dim 2) but k has {k.shape[2]}: k and v must have the same length"
+            f"v has {v.shape[h]} heads but k has {k.shape[h]}: k and v must share the head count (dim {h} of "
+            f"{shape}, layout='{layout}'; {_other_layout_hint(layout)})"
         )
-    if q.shape[1] % k.shape[1]:
+    if v.shape[n] != k.shape[n]:
         raise AttnFuseError(
-            f"q has {q.shape[1]} heads, which is not a multiple of k's {k.shape[1]} heads (GQA needs Hq % Hkv == 0)"
+            f"v has {v.shape[n]} kv positions (dim {n}) but k has {k.shape[n]}: k and v must have the same length"
+        )
+    if q.shape[h] % k.shape[h]:
+        raise AttnFuseError(
+            f"q has {q.shape[h]} heads, which is not a multiple of k's {k.shape[h]} heads (GQA needs Hq % Hkv == 0; "
+            f"heads are dim {h} of {shape}, layout='{layout}'; {_other_layout_hint(layout)})"
         )
 
 
@@ -60,10 +105,10 @@ def check_extra_values(names: Sequence[str], q: torch.Tensor, extras: Sequence[o
     constants."""
     for name, x in zip(names, extras, strict=True):
         if isinstance(x, torch.Tensor):
-            if x.dtype not in dsl.ELEMENT_TYPES:
+            if x.dtype not in dsl.ELEMENT_TYPES and not (x.dtype == torch.float64 == q.dtype):
                 raise AttnFuseError(
                     f"{name} has dtype {x.dtype}; extra tensors must be float16, bfloat16, float32, "
-                    f"int32, int64 or bool"
+                    f"int32, int64 or bool (or float64 in a float64 call)"
                 )
             if x.device != q.device:
                 raise AttnFuseError(

@@ -320,6 +320,41 @@ def test_torch_compile_fullgraph_traces_forward_and_backward(backend, dynamo):
             step_compiled(q, k, v, sink)
 
 
+def test_torch_compile_fullgraph_with_python_scalars_that_change(dynamo):
+    """A Python int (the window) and float (the softcap) argument of the variant: each new
+    value is traced again (dynamo guards on it), where it used to make the int symbolic
+    and fail with `assume_constant_result argument conversion failed`."""
+
+    @af.variant
+    def window_softcap(q, k, v, window, cap):
+        return af.pv(af.softmax(af.softcap(af.mask(af.qk(q, k), af.sliding_window(window)), cap)), v)
+
+    def step(q, k, v, window, cap):
+        return window_softcap(q, k, v, window, cap) * 2.0
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q, k, v = qkv(grad=False)
+    with af.backend("reference"):
+        for window, cap in [(3, 5.0), (5, 5.0), (7, 2.5), (3, 5.0), (20, 0.75)]:
+            torch.testing.assert_close(compiled(q, k, v, window, cap), step(q, k, v, window, cap), rtol=0, atol=0)
+    outs = {w: step(q, k, v, w, 5.0) for w in (3, 5)}
+    assert not torch.equal(outs[3], outs[5])  # the values matter: a stale constant would be caught
+
+
+def test_gradcheck_in_float64():
+    """float64 runs on the reference backend in float64, so torch.autograd.gradcheck
+    checks a variant's gradients (q, k, v and a sink)."""
+    q, k, v = (t.double().detach().requires_grad_() for t in qkv(b=1, hq=2, hkv=1, nq=5, nk=7, d=4))
+    sink = rand(2, seed=9).double().requires_grad_()
+    with af.backend("reference"):
+        assert torch.autograd.gradcheck(lambda q, k, v: rope_causal(q, k, v), (q, k, v))
+        assert torch.autograd.gradcheck(lambda q, k, v, s: sinks(q, k, v, s, 3), (q, k, v, sink))
+        out = rope_causal(q, k, v)
+    assert out.dtype == F64
+    want = run_reference(rope_causal.ir_module(q, k, v), q, k, v, compute_dtype=F64)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 def test_one_compiled_function_for_several_variants(dynamo):
     """The same code traced again for another variant (a recompilation, where torch may
     make changed integers symbolic): each call site names its own variant."""

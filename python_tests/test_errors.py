@@ -49,7 +49,11 @@ def test_is_a_value_error():
         ((Q, K, t(2, 2, 6, 8)), r"v has 6 kv positions \(dim 2\) but k has 7"),
         ((Q, K, t(2, 1, 7, 8)), r"v has 1 heads but k has 2"),
         ((t(2, 3, 5, 16), K, V), r"q has 3 heads, which is not a multiple of k's 2 heads"),
-        ((Q.double(), K, V), r"q has dtype torch.float64; expected torch.float16, torch.bfloat16 or torch.float32"),
+        (
+            (Q.to(torch.complex64), K, V),
+            r"q has dtype torch.complex64; expected torch.float16, torch.bfloat16 or torch.float32 \(or torch.float64 "
+            r"on the reference backend\)",
+        ),
         ((Q, K.half(), V), r"k has dtype torch.float16 but q has torch.float32: q, k and v must share a dtype"),
         ((Q, K, V.to(torch.int32)), r"v has dtype torch.int32; expected"),
         ((Q, K.to("meta"), V), r"k is on meta but q is on cpu: all tensors must be on one device"),
@@ -64,7 +68,7 @@ def test_is_a_value_error():
         "kv-length",
         "v-heads",
         "gqa-multiple",
-        "dtype-f64",
+        "dtype-complex",
         "mixed-dtype",
         "int-dtype",
         "device",
@@ -170,6 +174,21 @@ def test_triton_backend_needs_cuda_tensors():
         pytest.raises(af.AttnFuseError, match="backend 'triton' runs on CUDA tensors, but q is on cpu"),
     ):
         plain_causal(Q, K, V)
+
+
+def test_float64_runs_on_the_reference_backend_only():
+    """float64 is computed in float64 by the reference backend (for gradcheck); the kernels
+    compute in float32 and refuse it, naming the backend that runs it."""
+    q, k, v = (x.double() for x in (Q, K, V))
+    out = plain_causal(q, k, v)  # auto on CPU tensors: the reference backend
+    assert out.dtype == torch.float64
+    message = r"q, k and v are float64, which the interpret backend does not run .*af.backend\('reference'\)"
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match=message):
+        plain_causal(q, k, v)
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match=message):
+        plain_causal.compile(q, k, v)
+    with pytest.raises(af.AttnFuseError, match=r"slopes has dtype torch.float64; .*\(or float64 in a float64 call\)"):
+        alibi_variant(Q, K, V, torch.ones(4, dtype=torch.float64))
 
 
 # --------------------------------------------------------------------------- tracing errors

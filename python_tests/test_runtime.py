@@ -27,7 +27,7 @@ import stub_compiler
 import torch
 
 import attnfuse as af
-from attnfuse import cache, cache_loader, dsl, runtime
+from attnfuse import cache, cache_loader, dsl, launch, runtime
 from attnfuse.reference import run_reference, run_reference_with_lse
 
 HERE = Path(__file__).parent
@@ -828,13 +828,72 @@ def test_the_lse_workspace_always_holds_the_call_s_log_sum_exp(monkeypatch):
     """Calls that discard lse hand the kernel a shared buffer: it must have room for
     B * Hq * Nq floats of every call (the kernel writes that many, unchecked), grow when a call
     needs more, and be kept (not re-allocated) when it has room."""
-    monkeypatch.setattr(runtime, "_LSE_WORKSPACES", {})
+    monkeypatch.setattr(launch, "LSE_WORKSPACES", {})
     small = torch.empty(1, 2, 10, 4)
-    ws = runtime._lse_workspace(small)
+    ws = launch.lse_workspace(small)
     assert ws.dtype == torch.float32 and ws.is_contiguous() and ws.numel() >= 20
     big = torch.empty(3, 8, 5000, 4)
-    grown = runtime._lse_workspace(big)
+    grown = launch.lse_workspace(big)
     assert grown.numel() >= 3 * 8 * 5000 and grown.device == big.device
-    assert runtime._lse_workspace(small) is grown and runtime._lse_workspace(big) is grown
+    assert launch.lse_workspace(small) is grown and launch.lse_workspace(big) is grown
     runtime.clear_caches()
-    assert runtime._LSE_WORKSPACES == {}
+    assert launch.LSE_WORKSPACES == {}
+
+
+def test_a_deep_score_mod_chain_runs_on_the_interpreter():
+    """300 chained ops in a score_mod: the printer names every 24th level of the inlined
+    expression (it used to recurse once per op, a RecursionError), and the kernel matches
+    the reference."""
+
+    @af.variant
+    def deep(q, k, v):
+        def mod(s, b, h, q_idx, kv_idx):
+            for _ in range(300):
+                s = s * 1.0001 + 0.0
+            return s
+
+        return af.pv(af.softmax(af.score_mod(af.qk(q, k), mod)), v)
+
+    args = qkv(nq=8, nk=8)
+    interpret_matches_reference(deep, args, torch.float32)
+    assert max(_paren_depth(line) for line in deep.compile(*args).source.splitlines()) <= 2 * 24
+
+
+def _paren_depth(line: str) -> int:
+    """How deep parentheses nest in `line`."""
+    depth = deepest = 0
+    for c in line:
+        depth += (c == "(") - (c == ")")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_a_slow_interpreter_call_warns_once_with_its_expected_time(monkeypatch):
+    """The interpreter's expected forward time is B * Hq * Nq * Nk times a calibrated cost;
+    from SLOW_INTERPRET_SECONDS on, the first such call of the process warns."""
+    monkeypatch.setattr(launch, "_slow_warned", False)
+    q, k, v = qkv(nq=8, nk=8)
+    with af.backend("interpret"), warnings.catch_warnings():
+        warnings.simplefilter("error", launch.SlowInterpreterWarning)  # the small call does not warn
+        rope_causal(q, k, v)
+    monkeypatch.setattr(launch, "INTERPRET_SECONDS_PER_SCORE", 1.0)  # as if 512 scores took 512 s
+    with af.backend("interpret"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rope_causal(q, k, v)
+        rope_causal(q, k, v)
+        rope_causal.compile(q, k, v)(q, k, v)
+    slow = [w for w in seen if issubclass(w.category, launch.SlowInterpreterWarning)]
+    assert len(slow) == 1, [str(w.message) for w in seen]
+    assert "B 1, 4 heads, Nq 8, Nk 8) is expected to take about 256 s forward" in str(slow[0].message)
+    assert slow[0].filename == __file__  # points at the caller's line
+    assert (
+        issubclass(launch.SlowInterpreterWarning, UserWarning)
+        and af.SlowInterpreterWarning is launch.SlowInterpreterWarning
+    )
+
+
+def test_the_interpreter_estimate_for_the_reported_case():
+    """The issue's case, 49 s for one forward at N = 1024 on a 2-core CPU (B 1, 2 heads),
+    is well above the warning's threshold; a test-sized call (N 128, 8 heads) is below."""
+    assert 1 * 2 * 1024 * 1024 * launch.INTERPRET_SECONDS_PER_SCORE > launch.SLOW_INTERPRET_SECONDS
+    assert 2 * 8 * 128 * 128 * launch.INTERPRET_SECONDS_PER_SCORE < launch.SLOW_INTERPRET_SECONDS

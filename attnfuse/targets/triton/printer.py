@@ -104,6 +104,11 @@ def _literal(v: int | float | bool) -> str:
     return str(v)
 
 
+MAX_INLINE_DEPTH = 24
+"""How deep inlined expressions may nest in the printed source (deeper chains are split
+into named statements)."""
+
+
 class TritonPrinter:
     """Prints one module; names values from their name hints, made unique."""
 
@@ -113,6 +118,7 @@ class TritonPrinter:
         self.used: set[str] = set()
         self.indent = 0
         self.lines = 0
+        self.deep: set[SSAValue] = set()
 
     # ------------------------------------------------------------------ naming
     def _fresh(self, hint: str | None) -> str:
@@ -133,15 +139,38 @@ class TritonPrinter:
             self.names[value] = self._fresh(value.name_hint)
         return self.names[value]
 
-    @staticmethod
-    def inlined(value: SSAValue) -> bool:
+    def inlined(self, value: SSAValue) -> bool:
         """Unnamed single-use pure values are printed inside their user's expression
-        (when both are in the same block), so the source reads like hand-written Triton."""
+        (when both are in the same block), so the source reads like hand-written Triton;
+        except those that would nest expressions deeper than `MAX_INLINE_DEPTH` (`deep`)."""
+        return value not in self.deep and self.inlinable(value)
+
+    @staticmethod
+    def inlinable(value: SSAValue) -> bool:
+        """Whether `value` is unnamed, single-use, pure and used in its own block."""
         op = value.owner
         if not isinstance(op, _INLINE) or value.name_hint or not value.has_one_use():
             return False
         user = next(iter(value.uses)).operation
         return user.parent_block() is op.parent_block()
+
+    @classmethod
+    def too_deep(cls, kernel: Operation) -> set[SSAValue]:
+        """The inlinable values that would end `MAX_INLINE_DEPTH` or more expressions deep:
+        they are named (a statement each), so that a long chain of single-use ops (a
+        score_mod of hundreds of ops) prints as statements, and neither this printer nor
+        Python's parser recurses without bound. One pass in program order, no recursion."""
+        depth: dict[SSAValue, int] = {}
+        deep: set[SSAValue] = set()
+        for op in kernel.walk():
+            if len(op.results) != 1 or not cls.inlinable(op.results[0]):
+                continue
+            d = 1 + max((depth.get(x, 0) for x in op.operands), default=0)
+            if d >= MAX_INLINE_DEPTH:
+                deep.add(op.results[0])
+            else:
+                depth[op.results[0]] = d
+        return deep
 
     def expr(self, value: SSAValue) -> str:
         """A value as a Python expression: constants and inlined values are printed in place."""
@@ -209,6 +238,7 @@ class TritonPrinter:
     # ------------------------------------------------------------------ kernels
     def print_kernel(self, kernel: tl.KernelOp | tl.DeviceFnOp) -> None:
         self.names, self.used = {}, set()
+        self.deep = self.too_deep(kernel)
         cx = {c.data for c in kernel.constexprs} if isinstance(kernel, tl.KernelOp) else set()
         params = []
         for i, arg in enumerate(kernel.body.block.args):
