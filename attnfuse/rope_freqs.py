@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from attnfuse.dialects.attn import RopeGradOp, RopeOp
+from attnfuse.errors import AttnFuseError
 
 
 def inv_freq(
@@ -20,14 +21,23 @@ def inv_freq(
     base = [1.0 / (theta ** (i / r)) for i in range(0, r, 2)]
     if scaling is None:
         return base, 1.0
-    factor = float(params["factor"])
+    factor = _param(params, scaling, "factor")
     if scaling == "linear":
         return [f / factor for f in base], 1.0
     if scaling == "llama3":
         return _llama3(base, factor, params), 1.0
     if scaling == "yarn":
         return _yarn(base, theta, r, factor, params)
-    raise ValueError(f"unknown rope scaling '{scaling}'")
+    raise AttnFuseError(f"unknown rope scaling {scaling!r}, expected linear, llama3 or yarn")
+
+
+def _param(params: dict[str, float | bool], scaling: str, name: str) -> float:
+    """A required scaling parameter, as a float."""
+    if name not in params:
+        raise AttnFuseError(
+            f"{scaling} rope scaling needs {name!r}; got {', '.join(sorted(params)) or 'no parameters'}"
+        )
+    return float(params[name])
 
 
 def _llama3(base: list[float], factor: float, params: dict[str, float | bool]) -> list[float]:
@@ -53,7 +63,7 @@ def _yarn(
     """YaRN: dims that rotate fewer than beta_slow times over the original context are
     interpolated (divided by factor), those rotating more than beta_fast times are kept, a
     linear ramp between; cos and sin are scaled by the attention factor."""
-    old = float(params["original_max_position"])
+    old = _param(params, "yarn", "original_max_position")
     beta_fast, beta_slow = float(params.get("beta_fast", 32.0)), float(params.get("beta_slow", 1.0))
 
     def correction_dim(rotations: float) -> float:

@@ -9,8 +9,11 @@ backend), each against the same model with transformers' eager attention (the we
   q_norm/k_norm weights and gpt-oss's sinks included;
 - a left-padded batch (with the position_ids `generate()` would make) on its real tokens;
 - greedy `generate()` with the KV cache: the same tokens;
-- packed sequences (positions restarting, no mask) for Llama;
-- torch.compile(fullgraph=True) of the patched Llama, forward and backward;
+- packed sequences (positions restarting, no mask) for Llama, and positions that restart or jump
+  under an all-ones mask or with a cache, which transformers does not pack;
+- one position_ids tensor refilled in place between calls;
+- torch.compile(fullgraph=True) of a one-layer patched Llama, forward and backward;
+- a shared config left alone by `apply`, output_attentions refused, a pickled patched model;
 - unsupported models, configs and caches raise `AttnFuseError`, and a failed `apply` leaves the model
   as it was.
 
@@ -22,6 +25,7 @@ random norm weights and sinks.
 from __future__ import annotations
 
 import copy
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -34,7 +38,8 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 
 import attnfuse as af  # noqa: E402
-from attnfuse.integrations.transformers import ATTN_IMPLEMENTATION, apply  # noqa: E402
+from attnfuse.integrations.transformers import ATTN_IMPLEMENTATION, PatchedAttention, apply  # noqa: E402
+from attnfuse.rope_freqs import inv_freq  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
@@ -318,14 +323,30 @@ def test_unsupported_architecture():
     [
         ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, "rope type 'dynamic'"),
         ({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, "partial rotary"),
+        ({"rope_type": "yarn", "rope_theta": 10000.0}, "rope_type 'yarn' needs 'original_max_position_embeddings'"),
+        (
+            {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0},
+            "rope_type 'yarn' needs 'original_max_position_embeddings'",
+        ),
+        ({"rope_type": "linear", "rope_theta": 10000.0}, "rope_type 'linear' needs 'factor'"),
     ],
-    ids=["dynamic-rope", "partial-rotary"],
+    ids=["dynamic-rope", "partial-rotary", "yarn-no-original", "yarn-factor-no-original", "linear-no-factor"],
 )
 def test_unsupported_rope(rope, match):
     config = transformers.LlamaConfig(**{**TINY, "num_hidden_layers": 1})
     model = transformers.LlamaForCausalLM(config)
     model.config.rope_parameters = rope
     _refused(model, match)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "params", "match"),
+    [("yarn", {"factor": 4.0}, "'original_max_position'"), ("llama3", {}, "'factor'"), ("ntk", {"factor": 2.0}, "ntk")],
+)
+def test_rope_freqs_missing_parameter(scaling, params, match):
+    """The frequencies' own reader names a missing parameter (no bare KeyError)."""
+    with pytest.raises(af.AttnFuseError, match=match):
+        inv_freq(10000.0, 16, scaling, **params)
 
 
 def test_bidirectional_refused():
@@ -343,15 +364,135 @@ def test_core_import_is_free_of_transformers():
     assert out.stdout.strip() == "False"
 
 
-def test_torch_compile_fullgraph(llama):
-    """The patched model under torch.compile(fullgraph=True): forward and backward, no graph break."""
-    eager, patched = llama
-    model = copy.deepcopy(patched)
-    ids = _ids(2, N, seed=7)
-    step = torch.compile(lambda x: model(x, use_cache=False).logits, fullgraph=True)
-    with torch.no_grad():
-        want = eager(ids, use_cache=False).logits
+def test_torch_compile_fullgraph():
+    """A patched (one-layer) Llama under torch.compile(fullgraph=True), forward and backward: no
+    graph break, its logits and a projection's gradient those of the eager model. The "aot_eager"
+    backend, as the other CPU compile tests: it traces what inductor would (dynamo, then AOTAutograd
+    with the attnfuse ops' fake kernels and backward) without compiling the model's C++."""
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY, "num_hidden_layers": 1})).eval()
+    eager.set_attn_implementation("eager")
+    model = apply(copy.deepcopy(eager))
+    ids = _ids(1, 8, seed=7)
+    step = torch.compile(lambda x: model(x, use_cache=False).logits, fullgraph=True, backend="aot_eager")
+    want = eager(ids, use_cache=False).logits
     got = step(ids)
     assert rel_l2(got, want) < LOGITS_TOLERANCE
+    want.square().mean().backward()
     got.square().mean().backward()
-    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+    grad = model.model.layers[0].self_attn.q_proj.weight.grad
+    assert grad is not None
+    assert rel_l2(grad, eager.model.layers[0].self_attn.q_proj.weight.grad) < GRAD_TOLERANCE
+
+
+# --------------------------------------------------------------------------- model state and call arguments
+
+
+def test_apply_leaves_a_shared_config_alone():
+    """Two models built from one config object share it in transformers; patching one leaves the
+    other on its own attention, with its own logits."""
+    config = transformers.LlamaConfig(**{**TINY, "num_hidden_layers": 1})
+    reference, patched = [transformers.LlamaForCausalLM(config).eval() for _ in range(2)]
+    patched.load_state_dict(reference.state_dict())
+    assert patched.config is reference.config
+    implementation = reference.config._attn_implementation
+    ids = _ids(1, 8, seed=9)
+    with torch.no_grad():
+        want = reference(ids, use_cache=False).logits
+        apply(patched)
+        assert reference.config._attn_implementation == implementation != ATTN_IMPLEMENTATION
+        assert patched.config is not config
+        assert patched.model.config is patched.config and patched.model.layers[0].self_attn.config is patched.config
+        assert torch.equal(reference(ids, use_cache=False).logits, want)
+        assert rel_l2(patched(ids, use_cache=False).logits, want) < LOGITS_TOLERANCE
+
+
+def test_output_attentions_refused(llama):
+    """Attention weights asked for, in the call or by the config (set while the model was eager):
+    an error, not an empty tuple."""
+    eager, patched = llama
+    model = copy.deepcopy(patched)  # output_attentions hooks the model with what pickle refuses
+    with pytest.raises(af.AttnFuseError, match="does not materialise attention weights"):
+        model(_ids(1, 4), output_attentions=True)
+    model = copy.deepcopy(eager)
+    model.config.output_attentions = True
+    apply(model)
+    with pytest.raises(af.AttnFuseError, match="config.output_attentions"):
+        model(_ids(1, 4))
+    model(_ids(1, 4), output_attentions=False)  # the call's choice wins, as in transformers
+
+
+def test_positions_refilled_in_place(llama):
+    """One position_ids tensor refilled in place between calls (as a generation loop reuses its
+    buffers): every call sees its values, as with a fresh tensor and as the eager model."""
+    eager, patched = llama
+    ids = _ids(2, N, seed=8)
+    steps = [
+        list(range(N)),
+        [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6],
+        [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5],
+        list(range(5, 17)),
+    ]
+    positions = torch.zeros(1, N, dtype=torch.long)
+    with torch.no_grad():
+        for step in steps:
+            positions.copy_(torch.tensor([step]))
+            got = patched(ids, position_ids=positions, use_cache=False).logits
+            fresh = patched(ids, position_ids=positions.clone(), use_cache=False).logits
+            want = eager(ids, position_ids=positions.clone(), use_cache=False).logits
+            assert torch.equal(got, fresh), step
+            assert rel_l2(got, want) < LOGITS_TOLERANCE, step
+
+
+def test_restarting_positions_not_packed_with_a_mask_or_cache(llama):
+    """Positions that restart or jump are packed documents only without a mask and without a
+    cache, as transformers decides: an all-ones 2-D mask or a cache keeps plain causal attention,
+    as in transformers' eager and SDPA paths."""
+    eager, patched = llama
+    ids = _ids(2, N, seed=10)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16]])
+    ones = torch.ones(2, N, dtype=torch.long)
+    with torch.no_grad():
+        packed = eager(ids, position_ids=positions, use_cache=False).logits
+        assert rel_l2(patched(ids, position_ids=positions, use_cache=False).logits, packed) < LOGITS_TOLERANCE
+        for implementation in ("eager", "sdpa"):
+            reference = copy.deepcopy(eager)
+            reference.set_attn_implementation(implementation)
+            want = reference(ids, attention_mask=ones, position_ids=positions, use_cache=False).logits
+            assert rel_l2(want, packed) > 0.01  # the two readings differ here
+            got = patched(ids, attention_mask=ones, position_ids=positions, use_cache=False).logits
+            assert rel_l2(got, want) < LOGITS_TOLERANCE, implementation
+            want = reference(ids, position_ids=positions).logits  # a fresh cache, no mask
+            assert rel_l2(patched(ids, position_ids=positions).logits, want) < LOGITS_TOLERANCE, implementation
+
+
+_UNPICKLE = """
+import pickle, sys, torch
+import attnfuse as af
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+with open(sys.argv[1], "rb") as f:
+    model, ids, mask, positions, want = pickle.load(f)
+assert "attnfuse" in ALL_MASK_ATTENTION_FUNCTIONS
+with torch.no_grad(), af.backend("reference"):
+    got = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+real = mask.bool()
+print(((got[real] - want[real]).norm() / want[real].norm()).item())
+"""
+
+
+def test_pickled_model_runs(llama, tmp_path):
+    """A patched model pickles; loaded here, and in a fresh process (where unpickling registers the
+    attention implementation), it runs as the original: a left-padded batch's logits."""
+    _, patched = llama
+    ids, mask, positions = _left_padded()
+    with torch.no_grad():
+        want = patched(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        model = pickle.loads(pickle.dumps(patched))
+        attention = model.model.layers[1].self_attn
+        assert isinstance(attention.forward, PatchedAttention) and attention.forward.module is attention
+        assert torch.equal(model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits, want)
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps((patched, ids, mask, positions, want)))
+    out = subprocess.run([sys.executable, "-c", _UNPICKLE, str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.strip().splitlines()[-1]) < LOGITS_TOLERANCE

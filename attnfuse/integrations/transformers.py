@@ -21,8 +21,9 @@ RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
   implementation "attnfuse" registered with transformers' `AttentionInterface` and
   `AttentionMaskInterface`) and becomes a key predicate of the variant; without padding the
   variant is plain causal (or windowed), which the compiler splits into skipped, full and partial
-  blocks; packed sequences (positions restarting, no mask, no cache) get a document mask, as in
-  transformers' own masks;
+  blocks; packed sequences get a document mask where transformers' own masks do (positions
+  restarting or jumping, no mask and no cache: an all-ones mask is not packing), decided once per
+  forward by the mask interface from transformers' mask function;
 - with a KV cache (`generate()`), K is rotated (and normalised) once, when written: the cache holds
   rotated keys and a call that extends a cache runs the variant whose q is rotated in the kernel
   at its positions and whose k is taken as is. A first call on an empty cache runs the fully fused
@@ -30,31 +31,41 @@ RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
 
 Variants are built once per layer configuration (theta, scaling, norm, softcap, window, sinks,
 cached or not, mask kind) and shared by the layers that have it. Training works on every backend:
-the variants are differentiable. An architecture or option it does not handle (another model
-type, an unknown rope type, a partial rotary factor, cross-attention, bidirectional attention,
-attention dropout while training, a static cache, a 4-D attention mask) raises `AttnFuseError`
-naming it; `apply` never returns a model it left unpatched.
+the variants are differentiable. `apply` gives the model its own copy of its config (transformers
+shares one between the models built from it), and a patched model pickles (`PatchedAttention`).
+An architecture or option it does not handle (another model type, an unknown rope type or one
+lacking a parameter, a partial rotary factor, cross-attention, bidirectional attention, attention
+dropout while training, a static cache, a 4-D attention mask, `output_attentions`: AttnFuse never
+materialises the attention weights) raises `AttnFuseError` naming it; `apply` never returns a model
+it left unpatched.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import inspect
-import math
-import types
 from typing import Any
 
 import torch
 
 import attnfuse as af
 from attnfuse.errors import AttnFuseError
+from attnfuse.integrations.hf_config import (
+    FAMILIES,
+    Family,
+    LayerSpec,
+    check_config,
+    family_of,
+    layer_spec,
+    rope_from_config,
+)
 from attnfuse.rope_freqs import inv_freq as _rope_inv_freq
 
 try:
     import transformers
     from transformers.cache_utils import DynamicLayer
-    from transformers.masking_utils import AttentionMaskInterface, find_packed_sequence_indices
+    from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 except ImportError as e:  # pragma: no cover - the optional extra is missing
     raise ImportError("attnfuse.integrations.transformers needs transformers 5.x: pip install 'attnfuse[hf]'") from e
@@ -63,6 +74,7 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "FAMILIES",
     "LayerSpec",
+    "PatchedAttention",
     "apply",
     "layer_spec",
     "rope_from_config",
@@ -74,202 +86,7 @@ ATTN_IMPLEMENTATION = "attnfuse"
 """The attention implementation name `apply` registers with transformers and sets on the model."""
 
 
-# --------------------------------------------------------------------------- families
-
-
-@dataclasses.dataclass(frozen=True)
-class _Family:
-    """What one model type's attention module holds: its class name, whether it has Qwen3's
-    q_norm/k_norm, Gemma 2's softcap and query_pre_attn_scalar, gpt-oss's sinks, and where its
-    sliding windows come from ("none", "config": `config.sliding_window` on every layer, or
-    "layer_types": `config.sliding_window` on the layers whose type is "sliding_attention")."""
-
-    attention: str
-    qk_norm: bool = False
-    gemma: bool = False
-    sinks: bool = False
-    windows: str = "none"
-
-
-FAMILIES: dict[str, _Family] = {
-    "llama": _Family("LlamaAttention"),
-    "mistral": _Family("MistralAttention", windows="config"),
-    "qwen2": _Family("Qwen2Attention", windows="layer_types"),
-    "qwen3": _Family("Qwen3Attention", qk_norm=True, windows="layer_types"),
-    "gemma2": _Family("Gemma2Attention", gemma=True, windows="layer_types"),
-    "gpt_oss": _Family("GptOssAttention", sinks=True, windows="layer_types"),
-}
-"""The supported `config.model_type`s."""
-
-_LAYER_TYPES = ("full_attention", "sliding_attention")
 _MASKS = ("causal", "padded", "packed")
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerSpec:
-    """The attention of one layer, as read from the config: RoPE's theta, scaling (kind and
-    AttnFuse's parameters, or None) and rotary dim, the score scale, QK-norm's eps (None: no
-    QK-norm), the logit softcap, the sliding window (None: full causal) and whether the
-    softmax has learned sinks."""
-
-    head_dim: int
-    theta: float
-    scaling_kind: str | None
-    scaling: tuple[tuple[str, float | bool], ...]
-    scale: float
-    norm_eps: float | None = None
-    softcap: float | None = None
-    window: int | None = None
-    sinks: bool = False
-
-    def scaling_dict(self) -> dict[str, Any] | None:
-        """The scaling as `af.rope(scaling=...)` takes it."""
-        return None if self.scaling_kind is None else {"rope_type": self.scaling_kind, **dict(self.scaling)}
-
-
-def _family(config: Any) -> _Family:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise AttnFuseError(
-            f"attnfuse.integrations.transformers does not support model type {model_type!r} "
-            f"({type(config).__name__}); supported: {', '.join(FAMILIES)}"
-        )
-    return FAMILIES[model_type]
-
-
-def _check_config(config: Any) -> None:
-    """Options the integration does not handle, whatever the family."""
-    unsupported = {
-        "is_encoder_decoder": "cross-attention (an encoder-decoder model)",
-        "add_cross_attention": "cross-attention",
-        "use_bidirectional_attention": "bidirectional attention",
-    }
-    for key, what in unsupported.items():
-        if getattr(config, key, False):
-            raise AttnFuseError(f"attnfuse.integrations.transformers does not support {what}: config.{key} is set")
-    if not getattr(config, "is_causal", True):
-        raise AttnFuseError(
-            "attnfuse.integrations.transformers supports causal attention only: config.is_causal is False"
-        )
-
-
-# --------------------------------------------------------------------------- rope from the config
-
-
-def _yarn_params(params: dict[str, Any], config: Any) -> dict[str, Any]:
-    """transformers' YaRN defaults made explicit: a missing factor is max_position_embeddings /
-    original_max_position_embeddings, missing betas 32 and 1, and a missing attention_factor
-    comes from factor (and mscale / mscale_all_dim, when both are given)."""
-    params = dict(params)
-    if params.get("factor") is None:
-        params["factor"] = config.max_position_embeddings / params["original_max_position_embeddings"]
-    params["beta_fast"] = params.get("beta_fast") or 32.0
-    params["beta_slow"] = params.get("beta_slow") or 1.0
-    mscale, mscale_all_dim = params.pop("mscale", None), params.pop("mscale_all_dim", None)
-    if params.get("attention_factor") is None:
-        factor = float(params["factor"])
-
-        def get_mscale(m: float) -> float:
-            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-        both = bool(mscale) and bool(mscale_all_dim)
-        params["attention_factor"] = get_mscale(mscale) / get_mscale(mscale_all_dim) if both else get_mscale(1.0)
-    return params
-
-
-def _rope_parameters(config: Any) -> dict[str, Any]:
-    params = getattr(config, "rope_parameters", None)
-    if not isinstance(params, dict) or "rope_theta" not in params:
-        raise AttnFuseError(
-            f"attnfuse.integrations.transformers needs config.rope_parameters with a rope_theta, got {params!r} "
-            "(per-layer-type rope parameters are not supported)"
-        )
-    return dict(params)
-
-
-def rope_from_config(config: Any) -> tuple[float, str | None, tuple[tuple[str, float | bool], ...]]:
-    """(theta, scaling kind or None, AttnFuse's scaling parameters) of `config.rope_parameters`.
-    Unknown rope types and a partial rotary factor raise `AttnFuseError`."""
-    params = _rope_parameters(config)
-    theta = float(params.pop("rope_theta"))
-    partial = params.pop("partial_rotary_factor", 1.0)
-    if partial not in (None, 1, 1.0):
-        raise AttnFuseError(
-            f"attnfuse.integrations.transformers does not support partial rotary embeddings "
-            f"(config partial_rotary_factor={partial})"
-        )
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "linear", "llama3", "yarn"):
-        raise AttnFuseError(
-            f"attnfuse.integrations.transformers does not support rope type {kind!r} "
-            "(supported: default, linear, llama3, yarn)"
-        )
-    if kind == "default":
-        return theta, None, ()
-    if kind == "yarn":
-        params = _yarn_params(params, config)
-    try:
-        attr = af.rope_scaling(params)
-    except AttnFuseError as e:
-        raise AttnFuseError(f"config.rope_parameters: {e}") from None
-    assert attr is not None
-    return theta, kind, tuple(sorted(attr.values.items()))
-
-
-# --------------------------------------------------------------------------- one layer's spec
-
-
-def _window(config: Any, family: _Family, layer_idx: int) -> int | None:
-    window = None
-    if family.windows == "config":
-        window = getattr(config, "sliding_window", None)
-    elif family.windows == "layer_types":
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-        layer_type = layer_types[layer_idx]
-        if layer_type not in _LAYER_TYPES:
-            raise AttnFuseError(
-                f"attnfuse.integrations.transformers does not support layer type {layer_type!r} (layer {layer_idx}); "
-                f"supported: {', '.join(_LAYER_TYPES)}"
-            )
-        window = config.sliding_window if layer_type == "sliding_attention" else None
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise AttnFuseError(f"config.sliding_window must be a positive integer, got {window!r}")
-    return window
-
-
-def _head_dim(config: Any, module: torch.nn.Module) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q_proj = getattr(module, "q_proj", None)
-    if not isinstance(q_proj, torch.nn.Linear) or q_proj.out_features != config.num_attention_heads * head_dim:
-        raise AttnFuseError(
-            f"{type(module).__name__}: expected a q_proj Linear with num_attention_heads * head_dim = "
-            f"{config.num_attention_heads} * {head_dim} outputs"
-        )
-    return int(head_dim)
-
-
-def layer_spec(config: Any, module: torch.nn.Module, layer_idx: int) -> LayerSpec:
-    """The `LayerSpec` of the attention module of layer `layer_idx`, read from `config`."""
-    family = _family(config)
-    head_dim = _head_dim(config, module)
-    theta, kind, scaling = rope_from_config(config)
-    scale = head_dim**-0.5
-    softcap = None
-    if family.gemma:
-        scale = float(config.query_pre_attn_scalar) ** -0.5
-        cap = config.attn_logit_softcapping
-        softcap = None if cap is None else float(cap)
-    return LayerSpec(
-        head_dim=head_dim,
-        theta=theta,
-        scaling_kind=kind,
-        scaling=scaling,
-        scale=scale,
-        norm_eps=float(config.rms_norm_eps) if family.qk_norm else None,
-        softcap=softcap,
-        window=_window(config, family, layer_idx),
-        sinks=family.sinks,
-    )
 
 
 # --------------------------------------------------------------------------- the variants
@@ -382,7 +199,8 @@ def _check_cache_layer(cache: Any, layer_idx: int) -> None:
 
 def _positions(position_ids: torch.Tensor | None, past: int, b: int, n: int, device: torch.device) -> torch.Tensor:
     """RoPE positions for the n new tokens: `position_ids` ([B, N]; a [1, N] shared by a batch
-    as [N]), or past..past+n-1 without them (transformers' default)."""
+    as [N]), or past..past+n-1 without them (transformers' default). Read at every call, never
+    cached: a generation loop may refill one tensor in place."""
     if position_ids is None:
         return torch.arange(past, past + n, device=device)
     if position_ids.dim() == 2 and position_ids.shape[0] == 1 and b != 1:
@@ -390,43 +208,21 @@ def _positions(position_ids: torch.Tensor | None, past: int, b: int, n: int, dev
     return position_ids
 
 
-class _PackedMemo:
-    """The document ids of packed `position_ids`, computed once per forward (every layer gets
-    the same tensor): transformers' `find_packed_sequence_indices`, None when not packed."""
-
-    def __init__(self) -> None:
-        self.key: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
-
-    def __call__(self, position_ids: torch.Tensor, b: int) -> torch.Tensor | None:
-        if torch.compiler.is_compiling():  # transformers then always gives the ids (no data-dependent check)
-            return find_packed_sequence_indices(position_ids.expand(b, -1))
-        if self.key is not position_ids:
-            self.value = find_packed_sequence_indices(position_ids.expand(b, -1))
-            self.key = position_ids
-        return self.value
-
-
-_packed = _PackedMemo()
-
-
-def _mask(
-    attention_mask: object, cache: Any, position_ids: torch.Tensor | None, b: int
-) -> tuple[str, torch.Tensor | None]:
-    """("causal", None), ("padded", key mask [B, Nk]) or ("packed", document ids [B, N])."""
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-            raise AttnFuseError(
-                "attnfuse.integrations.transformers takes a 2-D padding attention_mask [B, N] (or none); "
-                f"got {type(attention_mask).__name__} of shape {list(getattr(attention_mask, 'shape', []))}: "
-                "a 4-D or block mask is not supported"
-            )
-        return "padded", attention_mask.to(torch.bool)
-    if cache is None and position_ids is not None:
-        docs = _packed(position_ids, b)
-        if docs is not None:
-            return "packed", docs
-    return "causal", None
+def _mask(attention_mask: object) -> tuple[str, torch.Tensor | None]:
+    """The mask kind of a layer's `attention_mask`, which is what `_layer_mask` made of the model's:
+    None ("causal", None), a bool key mask [B, Nk] ("padded", it) or integer document ids [B, N]
+    ("packed", them)."""
+    if attention_mask is None:
+        return "causal", None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise AttnFuseError(
+            "attnfuse.integrations.transformers takes a 2-D padding attention_mask [B, N] (or none); "
+            f"got {type(attention_mask).__name__} of shape {list(getattr(attention_mask, 'shape', []))}: "
+            "a 4-D or block mask is not supported"
+        )
+    if attention_mask.dtype == torch.bool:
+        return "padded", attention_mask
+    return "packed", attention_mask
 
 
 def _extras(module: Any, spec: LayerSpec, cached: bool, mask_arg: torch.Tensor | None) -> list[torch.Tensor]:
@@ -440,17 +236,25 @@ def _extras(module: Any, spec: LayerSpec, cached: bool, mask_arg: torch.Tensor |
     return extras
 
 
-def _check_call(module: Any) -> None:
+def _check_call(module: Any, kwargs: dict[str, Any]) -> None:
     if module.training and module.attention_dropout > 0:
         raise AttnFuseError(
             f"attnfuse.integrations.transformers does not support attention dropout in training "
             f"({type(module).__name__}.attention_dropout = {module.attention_dropout}); set config.attention_dropout "
             "to 0 or call model.eval()"
         )
+    # As transformers decides it: the call's output_attentions, else the config's.
+    if kwargs.get("output_attentions", getattr(getattr(module, "config", None), "output_attentions", False)):
+        raise AttnFuseError(
+            "attnfuse.integrations.transformers does not materialise attention weights, so output_attentions=True "
+            "(in the call or in config.output_attentions) cannot be honoured: call the model without it, or load a "
+            "model that is not patched by apply, with attn_implementation='eager', to inspect attention weights"
+        )
 
 
 def _attend(
     module: Any,
+    variants: dict[tuple[bool, str], af.Variant],
     spec: LayerSpec,
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     attention_mask: object,
@@ -463,41 +267,54 @@ def _attend(
     layer_idx = module.layer_idx
     past = 0 if cache is None else cache.get_seq_length(layer_idx)
     positions = _positions(position_ids, past, b, n, q.device)
-    mask, mask_arg = _mask(attention_mask, cache, position_ids, b)
+    mask, mask_arg = _mask(attention_mask)
     cached = past > 0
     if cache is not None:
         rotated, v_all = cache.update(_cached_keys(module, spec, k, positions), v, layer_idx)
         _check_cache_layer(cache, layer_idx)
         if cached:
             k, v = rotated, v_all
-    if mask_arg is not None and mask == "padded" and mask_arg.shape[-1] != k.shape[2]:
-        raise AttnFuseError(
-            f"attention_mask covers {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}"
-        )
+    if mask_arg is not None and mask_arg.shape[-1] != k.shape[2]:
+        what = "attention_mask" if mask == "padded" else "the packed sequences' document ids"
+        raise AttnFuseError(f"{what} cover {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}")
     extras = _extras(module, spec, cached, mask_arg)
     head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
-    return module._attnfuse_variants[cached, mask](*head, *extras)
+    return variants[cached, mask](*head, *extras)
 
 
-def _attention_forward(
-    self: Any,
-    hidden_states: torch.Tensor,
-    position_embeddings: object = None,
-    attention_mask: object = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """An attention module's forward under `apply`: projections, then one AttnFuse variant with
-    RoPE (and QK-norm) inside, then o_proj. Returns (output, None): no attention weights."""
-    cache = _cache_of(kwargs)
-    _check_call(self)
-    spec: LayerSpec = self._attnfuse_spec
-    b, n = hidden_states.shape[:2]
-    shape = (b, n, -1, spec.head_dim)
-    q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
-    k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-    out = _attend(self, spec, (q, k, v), attention_mask, cache, kwargs.get("position_ids"))
-    return self.o_proj(out.transpose(1, 2).reshape(b, n, -1)), None
+class PatchedAttention:
+    """The forward `apply` installs on an attention module (as `module.forward`): projections, then
+    one AttnFuse variant with RoPE (and QK-norm) inside, then o_proj; returns (output, None), no
+    attention weights. It holds the module, its `LayerSpec` and its variants, one per (cached,
+    mask kind). Pickled or deep-copied as (module, spec): the variants are rebuilt (and shared
+    through `variant`'s cache), so a patched model pickles."""
+
+    def __init__(self, module: torch.nn.Module, spec: LayerSpec):
+        self.module: Any = module  # an attention module of a supported family (q_proj, ..., o_proj)
+        self.spec = spec
+        # Built here, not on first call: a call traced by torch.compile finds them ready.
+        self.variants = {(c, m): variant(spec, c, m) for c in (False, True) for m in _MASKS}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PatchedAttention, (self.module, self.spec)
+
+    def __call__(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: object = None,
+        attention_mask: object = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        module, spec = self.module, self.spec
+        cache = _cache_of(kwargs)
+        _check_call(module, kwargs)
+        b, n = hidden_states.shape[:2]
+        shape = (b, n, -1, spec.head_dim)
+        q = module.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = module.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = module.v_proj(hidden_states).view(shape).transpose(1, 2)
+        out = _attend(module, self.variants, spec, (q, k, v), attention_mask, cache, kwargs.get("position_ids"))
+        return module.o_proj(out.transpose(1, 2).reshape(b, n, -1)), None
 
 
 # --------------------------------------------------------------------------- registration and apply
@@ -512,33 +329,65 @@ def _unpatched_attention(module: Any, *args: Any, **kwargs: Any) -> Any:
     )
 
 
-def _padding_mask(
+def _documents(mask_function: Any, batch_size: int, length: int, device: Any) -> torch.Tensor | None:
+    """The document ids [B, length] (int64, 0 for each row's first document) that transformers'
+    `mask_function` of a call without cache implies: a new document starts at every token that
+    may not attend to the one before it. None when there is one document per row, which is known
+    only outside torch.compile (as in transformers, whose packing check is data-dependent)."""
+    rows = torch.arange(batch_size, device=device)[:, None]
+    later = torch.arange(1, length, device=device)[None]
+    head = torch.zeros((), dtype=torch.long, device=device)
+    joined = torch.as_tensor(mask_function(rows, head, later, later - 1)).to(device).expand(batch_size, length - 1)
+    if not torch.compiler.is_compiling() and bool(joined.all()):
+        return None
+    starts = torch.cat([torch.zeros(batch_size, 1, dtype=torch.bool, device=device), ~joined], dim=-1)
+    return starts.cumsum(-1)
+
+
+def _layer_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
-    q_offset: int = 0,
-    kv_offset: int = 0,
-    mask_function: object = None,
+    q_offset: object = 0,
+    kv_offset: object = 0,
+    mask_function: Any = None,
     attention_mask: torch.Tensor | None = None,
+    allow_is_causal_skip: bool = False,
+    device: Any = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
-    """The "attnfuse" entry of transformers' AttentionMaskInterface: the 2-D padding mask of the
-    kv_length keys a layer attends to (bool [B, kv_length]), or None without padding. Causality,
-    windows and packing are the variant's business."""
-    if attention_mask is None:
+    """The "attnfuse" entry of transformers' AttentionMaskInterface: what a layer's variant needs
+    beyond causality and windows (the variant's own business), decided where transformers decides
+    it, once per forward:
+
+    - a 2-D `attention_mask` given: its bool key mask [B, kv_length] of the keys a layer attends
+      to, or None when it masks nothing (never packing: transformers infers packed sequences only
+      without a mask);
+    - no mask: the document ids [B, N] of packed sequences (`_documents`) when transformers' mask
+      function says so (no cache, positions restarting or jumping; transformers then turns its
+      `allow_is_causal_skip` off), else None."""
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, -kv_length:].to(torch.bool)
+        if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+            return None
+        return attention_mask
+    fresh = q_length == kv_length and all(isinstance(x, int) and x == 0 for x in (q_offset, kv_offset))
+    if allow_is_causal_skip or mask_function is None or not fresh or q_length < 2:
         return None
-    attention_mask = attention_mask[:, -kv_length:]
-    if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
-        return None
-    return attention_mask
+    return _documents(mask_function, batch_size, q_length, device)
 
 
 def _register() -> None:
     AttentionInterface.register(ATTN_IMPLEMENTATION, _unpatched_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _padding_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _layer_mask)
 
 
-def _attention_modules(model: torch.nn.Module, family: _Family, config: Any) -> list[Any]:
+# At import, not only in `apply`: a patched model unpickled in another process needs them, and
+# unpickling it imports this module.
+_register()
+
+
+def _attention_modules(model: torch.nn.Module, family: Family, config: Any) -> list[Any]:
     modules = [m for m in model.modules() if type(m).__name__ == family.attention]
     layers = [getattr(m, "layer_idx", None) for m in modules]
     if sorted(i for i in layers if isinstance(i, int)) != list(range(config.num_hidden_layers)):
@@ -557,6 +406,19 @@ def _check_version() -> None:
         )
 
 
+def _own_config(model: torch.nn.Module) -> Any:
+    """Give `model` its own copy of its config (and of the sub-configs it holds), and return it:
+    transformers shares the config object a model was built from with every other model built
+    from it, and setting the attention implementation writes to it."""
+    copies: dict[int, Any] = {}
+    copy.deepcopy(model.config, copies)
+    for module in model.modules():
+        config = module.__dict__.get("config")
+        if config is not None and id(config) in copies:
+            module.config = copies[id(config)]
+    return model.config
+
+
 def apply(model: Any) -> Any:
     """Patch the Hugging Face model `model` in place so that every attention layer runs one
     AttnFuse variant with RoPE (and Qwen3's QK-norm) inside the kernel; returns `model`.
@@ -572,11 +434,11 @@ def apply(model: Any) -> Any:
     set_implementation = getattr(model, "set_attn_implementation", None)
     if not isinstance(model, torch.nn.Module) or config is None or set_implementation is None:
         raise AttnFuseError(f"apply expects a transformers PreTrainedModel, got {type(model).__name__}")
-    family = _family(config)
-    _check_config(config)
+    family = family_of(config)
+    check_config(config)
     modules = _attention_modules(model, family, config)
     specs = [layer_spec(config, m, m.layer_idx) for m in modules]
-    _register()
+    config = _own_config(model)
     set_implementation(ATTN_IMPLEMENTATION)
     if config._attn_implementation != ATTN_IMPLEMENTATION:
         raise AttnFuseError(
@@ -585,7 +447,5 @@ def apply(model: Any) -> Any:
         )
     for module, spec in zip(modules, specs, strict=True):
         module._attnfuse_spec = spec
-        # Built here, not on first call: a call traced by torch.compile finds them ready.
-        module._attnfuse_variants = {(c, m): variant(spec, c, m) for c in (False, True) for m in _MASKS}
-        module.forward = types.MethodType(_attention_forward, module)
+        module.forward = PatchedAttention(module, spec)
     return model
