@@ -41,6 +41,7 @@ import dataclasses
 import hashlib
 import itertools
 import operator
+import os
 import re
 import threading
 import weakref
@@ -146,6 +147,16 @@ def layout_of(trace: dsl.Trace) -> Layout:
 
 _REGISTRY: dict[str, OpTarget] = {}
 _registry_lock = threading.Lock()
+
+
+def _new_registry_lock() -> None:
+    """In a forked child: a lock held by a parent's thread would never be released."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_registry_lock)
 
 
 def register(target: OpTarget) -> OpTarget:

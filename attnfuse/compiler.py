@@ -138,6 +138,8 @@ def compile_module(
         raise AttnFuseError(f"invalid attn IR:\n{e}") from e
     if direction not in ("fwd", "bwd"):
         raise AttnFuseError(f"compile_module direction must be 'fwd' or 'bwd', got {direction!r}")
+    if wrt and direction != "bwd":
+        raise AttnFuseError(f"compile_module wrt={tuple(wrt)} needs direction='bwd' (a forward has no gradients)")
     known = {f.name for f in fields(AttnFusePipelinePass)} - {"sm", "seq_len", "backward", "wrt"}
     unknown = sorted(set(options) - known)
     if unknown:

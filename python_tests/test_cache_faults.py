@@ -220,6 +220,41 @@ def test_a_fork_while_a_thread_holds_the_interpreter_lock():
     assert child.exitcode == 0
 
 
+def _clear_in_child() -> None:
+    """In a forked child: forgetting the autograd targets takes the registry's lock.
+    (No torch arithmetic here: OpenMP's pool may not survive a fork, whatever we do.)"""
+    af.runtime.clear_caches()
+    os._exit(0)
+
+
+def test_a_fork_while_a_thread_holds_the_autograd_registry_lock():
+    from attnfuse import autograd
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with autograd._registry_lock:
+            inside.set()
+            release.wait(120)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        child = FORK.Process(target=_clear_in_child)
+        child.start()
+        child.join(timeout=60)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    assert not hung, "the forked child waited for a lock its parent's thread held"
+    assert child.exitcode == 0
+
+
 def test_a_child_forked_while_a_lock_file_is_held_does_not_keep_it(tmp_path):
     path = tmp_path / "entry.lock"
     taken, release = threading.Event(), threading.Event()

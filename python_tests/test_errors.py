@@ -341,3 +341,5 @@ def test_compile_module_options():
     with pytest.raises(ValueError, match="kernel-path tanh must be one of auto, approx, exact, got 'fast'"):
         compile_module(module, sm=90, tanh="fast")
     assert "_fast_tanh" not in compile_module(module, sm=90, tanh="approx").source  # no tanh to approximate
+    with pytest.raises(af.AttnFuseError, match=r"wrt=\(0,\) needs direction='bwd'"):
+        compile_module(module, sm=90, wrt=(0,))

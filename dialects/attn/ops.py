@@ -6,6 +6,7 @@ reductions between them (`attn.softcap`, `attn.softmax`). Each prints with a dec
 from __future__ import annotations
 
 import math
+import re
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -47,6 +48,7 @@ from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 
 from attnfuse.dialects.attn.attributes import (
     PlacementAttr,
@@ -70,7 +72,18 @@ class Float(CustomDirective):
     value: AttributeVariable
 
     def parse(self, parser: Parser, state: ParsingState) -> None:
-        self.value.set(state, FloatAttr(float(parser.parse_number()), f64))
+        first = parser._current_token.span  # xDSL has no public peek
+        number = parser.parse_number()
+        token = parser._current_token
+        if (
+            token.kind == MLIRTokenKind.BARE_IDENT
+            and token.span.start == first.end
+            and re.fullmatch(r"[eE][0-9]+", token.text)
+        ):  # MLIR lexes `1e999` as the integer 1 and the name `e999`
+            parser.raise_error(
+                f"a float with an exponent needs a '.': write {first.text}.0{token.text}", first.start, token.span.end
+            )
+        self.value.set(state, FloatAttr(float(number), f64))
 
     def print(self, printer: Printer, state: PrintingState, op: IRDLOperation) -> None:
         attr = self.value.get(op)

@@ -200,7 +200,7 @@ class _ScoreFnOp(IRDLOperation):
     def parse(cls, parser: Parser):
         s = parser.parse_unresolved_operand()
         if cls.KINDS:
-            kind = parser.parse_identifier(f"{cls.WHAT} kind")
+            kind = parser.parse_identifier(f": a {cls.WHAT} kind ({', '.join([*cls.KINDS, 'custom'])})")
         else:
             kind = "custom"
             parser.parse_optional_keyword("custom")

@@ -2,6 +2,11 @@
 // RUN: echo 'func.func @f(%q: tensor<?x8x?x64xf32>) { %r = attn.rope %q neox theta = 10000.0 rotary_dim = 64 : tensor<?x8x?x64xf32> func.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=STYLE
 // STYLE: attn.rope %q neox
 // STYLE: Expected `half`, or `interleaved`.
+// MLIR lexes `1e999` as the integer 1 and a name: the float parser says how to write it.
+// RUN: echo 'func.func @f(%q: tensor<?x8x?x64xf32>) { %r = attn.rope %q half theta = 1e999 rotary_dim = 64 : tensor<?x8x?x64xf32> func.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=EXPONENT
+// EXPONENT: a float with an exponent needs a '.': write 1.0e999
+// RUN: echo 'func.func @f(%q: tensor<?x8x?x64xf32>) { %r = attn.rope %q half theta = 1.0e999 rotary_dim = 64 : tensor<?x8x?x64xf32> func.return }' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=INF
+// INF: attn.rope theta must be > 0 and finite, got inf
 
 // One broken attn.rope per chunk; each must fail with the rule it breaks.
 
