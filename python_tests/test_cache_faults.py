@@ -8,6 +8,7 @@ test runs a real kernel under the interpreter."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
@@ -17,6 +18,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -195,10 +197,18 @@ def test_a_fork_while_a_thread_holds_the_interpreter_lock():
     with af.backend("interpret"):
         kernel = causal.compile(*x)  # the real compiler: an interpreted Triton kernel
     expected = kernel(*x)
+    exitcode = fork_while_held(cache_loader.interpreter_library(), _interpreted_call_in_child, (kernel, x, expected))
+    assert exitcode is not None, "the forked child's interpreted call did not return"
+    assert exitcode == 0
+
+
+def fork_while_held(lock: contextlib.AbstractContextManager, target: Callable, args: tuple = ()) -> int | None:
+    """Fork a child running `target(*args)` while another thread holds `lock`; its exit
+    code, or None if it had not returned after 60 s (it is then killed)."""
     inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with cache_loader.interpreter_library():
+        with lock:
             inside.set()
             release.wait(120)
 
@@ -206,18 +216,17 @@ def test_a_fork_while_a_thread_holds_the_interpreter_lock():
     thread.start()
     try:
         assert inside.wait(30)
-        child = FORK.Process(target=_interpreted_call_in_child, args=(kernel, x, expected))
+        child = FORK.Process(target=target, args=args)
         child.start()
         child.join(timeout=60)
-        hung = child.is_alive()
-        if hung:
+        if child.is_alive():
             child.kill()
             child.join()
+            return None
+        return child.exitcode
     finally:
         release.set()
         thread.join(timeout=60)
-    assert not hung, "the forked child's interpreted call did not return"
-    assert child.exitcode == 0
 
 
 def _clear_in_child() -> None:
@@ -230,29 +239,9 @@ def _clear_in_child() -> None:
 def test_a_fork_while_a_thread_holds_the_autograd_registry_lock():
     from attnfuse import autograd
 
-    inside, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with autograd._registry_lock:
-            inside.set()
-            release.wait(120)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert inside.wait(30)
-        child = FORK.Process(target=_clear_in_child)
-        child.start()
-        child.join(timeout=60)
-        hung = child.is_alive()
-        if hung:
-            child.kill()
-            child.join()
-    finally:
-        release.set()
-        thread.join(timeout=60)
-    assert not hung, "the forked child waited for a lock its parent's thread held"
-    assert child.exitcode == 0
+    exitcode = fork_while_held(autograd._registry_lock, _clear_in_child)
+    assert exitcode is not None, "the forked child waited for a lock its parent's thread held"
+    assert exitcode == 0
 
 
 def test_a_child_forked_while_a_lock_file_is_held_does_not_keep_it(tmp_path):
