@@ -12,7 +12,6 @@ has no backward."""
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +21,7 @@ from xdsl.dialects.func import FuncOp
 from xdsl.utils.exceptions import DiagnosticException
 
 import attnfuse as af
-from attnfuse import autograd, cache, compiler, runtime, variants
+from attnfuse import autograd, cache, runtime, variants
 from attnfuse.reference import run_reference
 
 F64 = torch.float64
@@ -383,14 +382,9 @@ def test_a_backward_after_clear_caches():
 
 # --------------------------------------------------------------------------- the real compiler's backward
 
-needs_backward = pytest.mark.skipif(
-    "direction" not in inspect.signature(compiler.compile_module).parameters,
-    reason="attnfuse.compiler.compile_module has no backward yet (direction=...)",
-)
 TOL = {torch.float32: 3e-4, torch.float16: 6e-3}
 
 
-@needs_backward
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize(
     "name,shape",
@@ -413,7 +407,6 @@ def test_real_backward_matches_float64_autograd(name, shape, dtype):
         assert t.grad.dtype == dtype and rel_l2(t.grad, want[i]) < TOL[dtype], "qkv"[i]
 
 
-@needs_backward
 def test_real_backward_only_for_inputs_requiring_grad_and_under_torch_compile(dynamo):
     q, k, v = qkv(nq=16, nk=16, grad=False)
     k.requires_grad_()
@@ -429,7 +422,6 @@ def test_real_backward_only_for_inputs_requiring_grad_and_under_torch_compile(dy
     assert max(rel_l2(t.grad, want[i]) for i, t in enumerate((q, k, v))) < TOL[torch.float32]
 
 
-@needs_backward
 def test_real_compiler_refuses_the_gradient_of_alibi_slopes():
     q, k, v = qkv(nq=8, nk=8)
     with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="^slopes requires grad"):
