@@ -67,7 +67,7 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
                 row_ok = ib.cmp("<", offs_m, nq, hint="row_ok")
                 m_off = ib.cast(start_m, i64, hint="m_off")
                 q_t = bl.tile(ib, qs, q_base, m_off, rows, row_ok, bl.d, "q")
-                s = ib.mul(ib.dot(k_t, ib.emit(tl.TransOp(q_t)), None, bl.precision), bl.score_scale, hint="s")
+                s = bl.scores(ib, ib.dot(k_t, ib.emit(tl.TransOp(q_t)), None, bl.precision, hint="kq"))
                 q_pos = ib.add(offs_m, shift, hint="q_pos")
                 docs = {a: ib.col(t) for a, t in bl.doc_ids(ib, p, b_off, q_pos, row_ok).items()}
                 valid = ib.and_(ib.row(kv_ok), ib.col(row_ok))

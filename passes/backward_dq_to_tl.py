@@ -55,7 +55,7 @@ def dq_kernel(bl: BackwardLowering) -> KernelCall:
             n_off = ib.cast(start_n, i64, hint="n_off")
             k_t = bl.tile(ib, ks, k_base, n_off, rows, kv_ok, bl.d, "k")
             v_t = bl.tile(ib, v, v_base, n_off, rows, kv_ok, bl.dv, "v")
-            s = ib.mul(ib.dot(q_t, ib.emit(tl.TransOp(k_t)), None, bl.precision), bl.score_scale, hint="s")
+            s = bl.scores(ib, ib.dot(q_t, ib.emit(tl.TransOp(k_t)), None, bl.precision, hint="qk"))
             if kv_ok is not None:
                 kv_ok_col = ib.col(kv_ok)
                 valid = ib.and_(ib.row(row_ok), kv_ok_col)

@@ -164,6 +164,7 @@ class BackwardLowering(KernelLowering):
         self.score_scale = self.scale * (LOG2E if self.log2e_folded else 1.0)
         """The factor on the fp32 scores, as the forward's: the 16-bit tiles go into the
         product unscaled, so P is recomputed under the forward's rounding."""
+        self.to_base2 = self.score_scale if self.log2e_folded else LOG2E
         self.partials: list[str] = []
         """The buffers of the learned weights' per-program gradients."""
 
@@ -278,8 +279,8 @@ class BackwardLowering(KernelLowering):
         return kb.cmp("==", s, NEG_INF, hint="dropped")
 
     def base2(self, kb: KernelBuilder, s: SSAValue) -> SSAValue:
-        """The scores in base 2 (already so when LOG2E is in the scores' scale)."""
-        return s if self.log2e_folded else kb.mul(s, LOG2E, hint="s2")
+        """The scores in base 2 (`to_base2`: the whole scale when the score ops are linear)."""
+        return kb.mul(s, self.to_base2, hint="s2")
 
     # ------------------------------------------------------------------ the score gradient
     def score_grad(

@@ -242,7 +242,7 @@ class ForwardLowering(KernelLowering):
             k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
         else:
             k_tile = load_k(qb.offs_d)
-        s = ib.mul(ib.dot(qb.q_tile, k_tile, None, self.precision), self.score_scale, hint="s")
+        s = self.scores(ib, ib.dot(qb.q_tile, k_tile, None, self.precision, hint="qk"))
         kv_idx = ib.col(offs_n)
         if masked:
             assert kv_ok is not None
@@ -252,13 +252,13 @@ class ForwardLowering(KernelLowering):
             kv_ok_col = valid = ib.row(qb.row_ok)
         ctx = ScoreCtx(qb.b, qb.h, qb.b_off, qb.q_idx, kv_idx, kv_ok_col, valid, qb.doc_q, self.fast_tanh)
         s = self.score_ops(ib, p, s, ctx, masked)
-        if not self.log2e_folded:
-            s = ib.mul(s, LOG2E, hint="s2")
         if masked:
             s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
-        m_new = ib.maximum(c["m_i"], ib.reduce("max", s, 1), hint="m_new")
+        # Base 2 by one factor (positive: the max commutes with it), which joins exp2's
+        # argument as one fused multiply-add per score.
+        m_new = ib.maximum(c["m_i"], ib.mul(ib.reduce("max", s, 1), self.to_base2), hint="m_new")
         m_safe = ib.where(ib.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
-        pr = ib.unary(tl.Exp2Op, ib.sub(s, ib.row(m_safe)), hint="p")
+        pr = ib.unary(tl.Exp2Op, ib.sub(ib.mul(s, self.to_base2), ib.row(m_safe)), hint="p")
         alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
         l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", pr, 1), hint="l_new")
         acc_s = ib.mul(c["acc"], ib.row(alpha), hint="acc_scaled")
@@ -277,14 +277,18 @@ class ForwardLowering(KernelLowering):
             return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
         # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
         # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite
-        # values are zeroed for the product, and the rows and channels that keep such a key
-        # get NaN, as they would in a full block.
-        v_bad = ib.or_(ib.cmp("!=", vv, vv), ib.cmp("==", ib.unary(tl.AbsOp, vv), POS_INF), hint="v_bad")
-        v_clean = ib.where(v_bad, 0.0, vv, hint="v_clean")
+        # values are zeroed for the product; a row that keeps a key with such values gets NaN
+        # in their channels, as in a full block (in the channels of every such key of the
+        # block: reductions, not a second product, which would cost shared memory).
+        v_ok = ib.cmp("<", ib.unary(tl.AbsOp, vv), POS_INF, hint="v_finite")  # false for NaN too
+        v_clean = ib.where(v_ok, vv, 0.0, hint="v_clean")
         acc_n = ib.dot(ib.cast(pr, self.vdtype), v_clean, acc_s, self.precision, hint="acc_new")
-        kept = ib.cast(ib.cmp("!=", s, NEG_INF), self.vdtype, hint="kept")
-        hits = ib.dot(kept, ib.cast(v_bad, self.vdtype), None, self.precision, hint="v_bad_hits")
-        acc_n = ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")
+        bad = ib.where(v_ok, 0.0, 1.0, hint="v_bad")
+        bad_key, bad_chan = ib.reduce("max", bad, 1, hint="bad_key"), ib.reduce("max", bad, 0, hint="bad_chan")
+        kept_bad = ib.where(ib.cmp("!=", s, NEG_INF), ib.col(bad_key), 0.0)
+        reads_bad = ib.reduce("max", kept_bad, 1, hint="reads_bad")
+        poisoned = ib.cmp(">", ib.mul(ib.row(reads_bad), ib.col(bad_chan)), 0.0, hint="poisoned")
+        acc_n = ib.where(poisoned, NAN, acc_n, hint="acc_new")
         return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
 
     def epilogue(self, kb: KernelBuilder, p: Params, qb: QBlock, carried: dict[str, SSAValue]) -> None:

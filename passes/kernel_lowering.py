@@ -23,7 +23,7 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import attn, tl
-from attnfuse.dialects.attn import Placement, PlacementAttr
+from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.kernel_path import uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_bounds
@@ -130,6 +130,9 @@ class KernelLowering:
         score_scale = chains.qk.attributes.get("score_scale")
         self.score_scale = score_scale.value.data if isinstance(score_scale, FloatAttr) else chains.qk.effective_scale
         self.log2e_folded = chains.qk.log2e_folded
+        self.to_base2 = self.score_scale if self.log2e_folded else LOG2E
+        """The factor from the score ops' scores to base-2 logits: `score_scale` itself when every
+        score op is linear (the product goes through them unscaled), else log2 e."""
         self.kv_bounds = kv_bounds(chains)
         self.precision = "ieee" if self.dtype == f32 else None
 
@@ -203,6 +206,13 @@ class KernelLowering:
             a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)
         }
         return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid, ctx.fast_tanh))
+
+    def scores(self, kb: KernelBuilder, product: SSAValue) -> SSAValue:
+        """The scores the score ops take, from Q·Kᵀ's fp32 product: the product itself when
+        every score op is linear (its scale then joins `to_base2`), else scaled to natural
+        units (a softcap or score_mod needs them). Never a scaled 16-bit q or k: its rounding
+        costs accuracy with large logits and would differ between forward and backward."""
+        return product if self.log2e_folded else kb.mul(product, self.score_scale, hint="s")
 
     def score_ops(
         self,

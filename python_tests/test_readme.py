@@ -22,6 +22,7 @@ import io
 import re
 import shlex
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,8 +93,15 @@ BLOCKS = readme_blocks(README.read_text())
 
 
 def _run_python(block: Block) -> None:
+    """Run a block as the body of a module `__readme__` (registered while it runs: dynamo
+    looks up the module of a function it compiles)."""
     code = compile(block.text, f"README.md:{block.line}", "exec")
-    exec(code, {"__name__": "__readme__"})  # noqa: S102 - the README's own example
+    module = types.ModuleType("__readme__")
+    sys.modules["__readme__"] = module
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - the README's own example
+    finally:
+        del sys.modules["__readme__"]
 
 
 def _opt_args(line: str, folder: Path) -> tuple[list[str], str | None]:

@@ -25,11 +25,11 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // CHECK-NOT:     k_scaled
 // CHECK:         tl.for %hg = {{.*}} iter_args(%dk_2 = %dk, %dv_2 = %dv)
 // CHECK:           tl.for %start_m = %q_lo to %full_q_lo step %BLOCK_N
-// The scores' scale on the fp32 product, as the forward's.
-// CHECK:             %[[QK:.*]] = tl.dot %k{{(_[0-9]+)?}}, %{{.*}} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
-// CHECK-NEXT:        %[[C:.*]] = tl.constant 0.255034864 : f32
-// CHECK-NEXT:        %s{{(_[0-9]+)?}} = tl.mul %[[QK]], %[[C]]
+// The scores' scale on the fp32 product, as the forward's: with only a mask, in exp2's argument.
+// CHECK:             %kq = tl.dot %k{{(_[0-9]+)?}}, %{{.*}} : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
 // CHECK:             %causal = tl.cmp "<="
+// CHECK:             %[[C:.*]] = tl.constant 0.255034864 : f32
+// CHECK-NEXT:        %s2 = tl.mul %s_masked, %[[C]]
 // CHECK:             %p = tl.exp2
 // A partial block: P is exactly 0 where the mask dropped the score (not exp2(-inf - NaN)).
 // CHECK:             %dropped = tl.cmp "==" %s_masked,

@@ -75,13 +75,18 @@ func.func @causal(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor
 // CHECK-NEXT:        %[[KN:.*]] = tl.mul %n_off, %stride_k_2 : i64, i32 -> i64
 // CHECK-NEXT:        %k_blk = tl.add %k_base, %[[KN]] : !tl.ptr<f16>, i64 -> !tl.ptr<f16>
 // CHECK:             %[[KF:.*]] = tl.load %k_ptr : !tl.tile<!tl.ptr<f16>> -> !tl.tile<f16>
-// The scale 1/sqrt(16) times log2(e), on the fp32 scores (never on the 16-bit tiles).
-// CHECK-NEXT:        %[[QK:.*]] = tl.dot %q_tile, %[[KF]] : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
+// The scale 1/sqrt(16) times log2(e) on the fp32 product (never on the 16-bit tiles): with
+// only linear score ops it joins the max and exp2's argument (one fused multiply-add a score).
+// CHECK-NEXT:        %qk = tl.dot %q_tile, %[[KF]] : !tl.tile<f16>, !tl.tile<f16> -> !tl.tile<f32>
+// CHECK-NEXT:        %[[MAX:.*]] = tl.reduce max %qk axis 1
 // CHECK-NEXT:        %[[SCALE:.*]] = tl.constant 0.360673755 : f32
-// CHECK-NEXT:        %s = tl.mul %[[QK]], %[[SCALE]]
+// CHECK-NEXT:        %[[MAX2:.*]] = tl.mul %[[MAX]], %[[SCALE]]
+// CHECK-NEXT:        %m_new = tl.maximum %{{.*}}, %[[MAX2]]
 // CHECK-NOT:         mask
-// Base-2 online softmax: exp2 of scores already in log2 units.
-// CHECK:             %p = tl.exp2
+// Base-2 online softmax: exp2 of scores in log2 units.
+// CHECK:             %[[S2:.*]] = tl.mul %qk, %{{.*}}
+// CHECK:             %[[ARG:.*]] = tl.sub %[[S2]],
+// CHECK-NEXT:        %p = tl.exp2 %[[ARG]]
 // CHECK:             %alpha = tl.exp2
 // CHECK-NOT:         mask
 // CHECK:             %[[VN:.*]] = tl.mul %n_off, %stride_v_2 : i64, i32 -> i64

@@ -47,7 +47,7 @@ func.func @document(%q: tensor<?x2x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tens
 // CHECK-NEXT:        %[[GT:.*]] = tl.cmp ">" %[[T]], %{{.*}} : !tl.tile<i32>, i32 -> !tl.tile<i1>
 // CHECK-NEXT:        %[[OR:.*]] = tl.or %[[NE]], %[[GT]]
 // CHECK-NEXT:        %keep = tl.and %same_doc, %[[OR]]
-// CHECK:             %s_masked = tl.where %keep, %s,
+// CHECK:             %s_masked = tl.where %keep, %qk{{(_[0-9]+)?}},
 // CHECK:             tl.yield
 // CHECK-NEXT:      }
 // CHECK:           tl.return
