@@ -23,8 +23,7 @@ Semantics (the contract the kernels must meet):
   `attn.pv` reads V only at the keys a row keeps: a NaN or Inf in V at a masked key
   (garbage in an unused cache slot) does not reach that row. (Kernels give NaN where a
   row keeps a key whose V is non-finite, in that value's channel; where the value is an
-  Inf the exact sum may be an Inf instead, and a partial block with several such keys
-  marks the channels of all of them.)
+  Inf, the exact sum may be an Inf instead.)
 - Sinks: p = exp(s - m) / (exp(sink[h] - m) + sum exp(s - m)), m = max(row max, sink[h]).
 - Regions of `custom` masks, biases and score_mods run vectorised over
   [B, H, Nq, Nk]: b is [B,1,1,1], h [1,H,1,1], q_idx [1,1,Nq,1], kv_idx [1,1,1,Nk].

@@ -277,18 +277,16 @@ class ForwardLowering(KernelLowering):
             return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
         # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
         # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite
-        # values are zeroed for the product; a row that keeps a key with such values gets NaN
-        # in their channels, as in a full block (in the channels of every such key of the
-        # block: reductions, not a second product, which would cost shared memory).
+        # values are zeroed for the product, and the rows and channels that keep such a key
+        # get NaN, as in a full block: a second product of the keep mask with the non-finite
+        # pattern (tensor cores; reductions across the tile's warps cost more).
         v_ok = ib.cmp("<", ib.unary(tl.AbsOp, vv), POS_INF, hint="v_finite")  # false for NaN too
         v_clean = ib.where(v_ok, vv, 0.0, hint="v_clean")
         acc_n = ib.dot(ib.cast(pr, self.vdtype), v_clean, acc_s, self.precision, hint="acc_new")
-        bad = ib.where(v_ok, 0.0, 1.0, hint="v_bad")
-        bad_key, bad_chan = ib.reduce("max", bad, 1, hint="bad_key"), ib.reduce("max", bad, 0, hint="bad_chan")
-        kept_bad = ib.where(ib.cmp("!=", s, NEG_INF), ib.col(bad_key), 0.0)
-        reads_bad = ib.reduce("max", kept_bad, 1, hint="reads_bad")
-        poisoned = ib.cmp(">", ib.mul(ib.row(reads_bad), ib.col(bad_chan)), 0.0, hint="poisoned")
-        acc_n = ib.where(poisoned, NAN, acc_n, hint="acc_new")
+        kept = ib.where(ib.cmp("!=", s, NEG_INF), 1.0, 0.0, hint="kept")
+        v_bad = ib.where(v_ok, 0.0, 1.0, hint="v_bad")
+        hits = ib.dot(ib.cast(kept, self.vdtype), ib.cast(v_bad, self.vdtype), None, self.precision, hint="v_bad_hits")
+        acc_n = ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")
         return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
 
     def epilogue(self, kb: KernelBuilder, p: Params, qb: QBlock, carried: dict[str, SSAValue]) -> None:

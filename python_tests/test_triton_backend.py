@@ -215,3 +215,36 @@ def test_load_module_rejects_a_module_without_launch(tmp_path):
     path.write_text("X = 1\n")
     with pytest.raises(RuntimeError, match="defines no launch"):
         cache.load_module(path, interpret=True)
+
+
+def test_a_launch_that_needs_too_much_shared_memory_takes_fewer_stages():
+    """The generated `_launch` retries with fewer pipeline stages where Triton says the kernel
+    needs more shared memory than the GPU has (seen on the H200: a custom-mask fallback kernel
+    at 3 stages asked for 352 KB), remembers what fit, and lets any other shortage through."""
+    from triton.runtime.errors import OutOfResources
+
+    class Kernel:
+        """Stands for a compiled kernel that fits only with `fits` stages or fewer."""
+
+        def __init__(self, fits: int, resource: str = "shared memory"):
+            self.fits, self.resource, self.tried = fits, resource, []
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages):
+                self.tried.append(num_stages)
+                if num_stages > self.fits:
+                    raise OutOfResources(360448, 232448, self.resource)
+                return ("binary", num_stages)
+
+            return run
+
+    kernel = Kernel(fits=1)
+    assert prelude._launch(kernel, (1,), 8, 3, 0.5) == ("binary", 1)
+    assert kernel.tried == [3, 2, 1]
+    kernel.tried.clear()
+    assert prelude._launch(kernel, (1,), 8, 3, 0.5) == ("binary", 1)
+    assert kernel.tried == [1], "the stages that fit are remembered"
+    with pytest.raises(OutOfResources, match="registers"):
+        prelude._launch(Kernel(fits=1, resource="registers"), (1,), 8, 3, 0.5)
+    with pytest.raises(OutOfResources, match="shared memory"):
+        prelude._launch(Kernel(fits=0), (1,), 8, 2, 0.5)

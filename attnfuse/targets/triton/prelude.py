@@ -79,7 +79,7 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
     rt = triton.knobs.runtime
     if (type(kernel) is not triton.runtime.JITFunction or getattr(rt.launch_enter_hook, "calls", True)
             or getattr(rt.launch_exit_hook, "calls", True)):
-        return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        return _fitting(kernel, grid, num_warps, num_stages, args)
     if not _DRIVER:
         active = triton.runtime.driver.active
         # torch's current_device() re-checks its lazy initialisation on every call; a kernel
@@ -98,7 +98,7 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
         return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
     entry = _BINARIES.get(key)
     if entry is None:
-        binary = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        binary = _fitting(kernel, grid, num_warps, num_stages, args)
         if getattr(binary, "function", None) is not None:
             if len(_BINARIES) >= 1024:
                 _BINARIES.clear()
@@ -107,6 +107,28 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
     run, function, metadata = entry
     run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
         _DRIVER[1](device), function, metadata, None, None, None, *args)
+
+
+_STAGES = {}
+
+
+def _fitting(kernel, grid, num_warps, num_stages, args):
+    """kernel[grid](*args) with `num_stages` software-pipeline stages, or fewer where that many
+    need more shared memory than the GPU has (the tiling table's choice can overshoot on a
+    variant whose loop holds more, a custom mask's extra tensors say): a slower kernel, not
+    a failed call. The stages that fit are remembered per kernel and configuration."""
+    key = (id(kernel), num_warps, num_stages)
+    stages = _STAGES.get(key, num_stages)
+    while True:
+        try:
+            binary = kernel[grid](*args, num_warps=num_warps, num_stages=stages)
+        except triton.runtime.errors.OutOfResources as e:
+            if stages <= 1 or getattr(e, "name", "shared memory") != "shared memory":
+                raise
+            stages -= 1
+            continue
+        _STAGES[key] = stages
+        return binary
 
 
 def _cdiv(a, b):
