@@ -76,9 +76,7 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
                 s = bl.score_ops(ib, p, s, ctx, masked, env)
                 lse = bl.row_stat(ib, lse_ptr, row_base, offs_m, row_ok, POS_INF, "lse")
                 lse2 = ib.mul(ib.where(ib.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2")
-                pt = ib.unary(tl.Exp2Op, ib.sub(bl.base2(ib, s), ib.col(lse2)), hint="p")
-                dropped = bl.dropped(ib, s) if masked else None
-                pt = ib.where(dropped, 0.0, pt, hint="p_kept") if dropped is not None else pt
+                pt, dropped = bl.probs(ib, s, ib.col(lse2), masked)
                 do_t = bl.tile(ib, do, do_base, m_off, rows, row_ok, bl.dv, "do")
                 new = dict(c)
                 if bl.need_dv:

@@ -66,9 +66,7 @@ def dq_kernel(bl: BackwardLowering) -> KernelCall:
             s = bl.score_ops(ib, p, s, ctx, masked, env)
             if kv_ok is not None:
                 s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
-            pr = ib.unary(tl.Exp2Op, ib.sub(bl.base2(ib, s), lse2), hint="p")
-            dropped = bl.dropped(ib, s) if masked else None
-            pr = ib.where(dropped, 0.0, pr, hint="p_kept") if dropped is not None else pr
+            pr, dropped = bl.probs(ib, s, lse2, masked)
             dp = ib.dot(do_t, ib.emit(tl.TransOp(v_t)), None, bl.precision, hint="dp")
             ds = bl.score_grad(ib, p, pr, dp, delta, env, ctx, dropped)
             return {"dq": ib.dot(ib.cast(ds, bl.kdtype), k_t, c["dq"], bl.precision, hint="dq")}

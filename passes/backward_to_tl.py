@@ -164,7 +164,6 @@ class BackwardLowering(KernelLowering):
         self.score_scale = self.scale * (LOG2E if self.log2e_folded else 1.0)
         """The factor on the fp32 scores, as the forward's: the 16-bit tiles go into the
         product unscaled, so P is recomputed under the forward's rounding."""
-        self.to_base2 = self.score_scale if self.log2e_folded else LOG2E
         self.partials: list[str] = []
         """The buffers of the learned weights' per-program gradients."""
 
@@ -272,11 +271,15 @@ class BackwardLowering(KernelLowering):
                 )
         return ids_of
 
-    @staticmethod
-    def dropped(kb: KernelBuilder, s: SSAValue) -> SSAValue:
-        """Where a partial block's masks removed the score (-inf): P is exactly 0 there, not
-        exp2(-inf - lse) = NaN in a row whose lse a NaN query made NaN."""
-        return kb.cmp("==", s, NEG_INF, hint="dropped")
+    def probs(self, kb: KernelBuilder, s: SSAValue, lse2: SSAValue, masked: bool) -> tuple[SSAValue, SSAValue | None]:
+        """P recomputed from the saved log-sum-exp (`lse2`, base 2), and in a partial block
+        where its masks removed the score (-inf; None in a full block): P is exactly 0 there,
+        not exp2(-inf - lse) = NaN in a row whose lse a NaN query made NaN."""
+        pr = kb.unary(tl.Exp2Op, kb.sub(self.base2(kb, s), lse2), hint="p")
+        if not masked:
+            return pr, None
+        dropped = kb.cmp("==", s, NEG_INF, hint="dropped")
+        return kb.where(dropped, 0.0, pr, hint="p_kept"), dropped
 
     def base2(self, kb: KernelBuilder, s: SSAValue) -> SSAValue:
         """The scores in base 2 (`to_base2`: the whole scale when the score ops are linear)."""

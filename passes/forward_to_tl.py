@@ -7,11 +7,13 @@ batch x head), in three parts.
   and cast to the input dtype.
 - KV steps, over the KV blocks causal-split allows (skipped blocks are never visited,
   full blocks carry no mask code): load a K tile (transformed here when K's placement
-  is `kv_loop`), take the scores and multiply them, in fp32, by rope-fusion's
-  `score_scale` (attn.qk's scale and, when `log2e_folded`, the base-2 softmax's log2 e:
-  never folded into the 16-bit Q tile, whose rounding would differ from the backward's
-  and lose accuracy with large logits), apply the score ops and masks, update the online
-  softmax (base 2) and the accumulator with V.
+  is `kv_loop`), take the fp32 product, apply the score ops and masks, update the online
+  softmax (base 2) and the accumulator with V. rope-fusion's `score_scale` (attn.qk's
+  scale and, when `log2e_folded`, the base-2 softmax's log2 e) multiplies the fp32 product:
+  before the score ops when they need natural units, else inside exp2's multiply-add; never
+  the 16-bit Q tile, whose rounding would differ from the backward's and lose accuracy with
+  large logits. A partial block keeps NaN or Inf in V at the keys its masks remove out of
+  the rows that remove them.
 - Epilogue: count the sink logit, normalise (a fully masked row gives zeros), store the
   output and the per-row log-sum-exp (natural log) for a backward.
 

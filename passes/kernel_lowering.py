@@ -130,9 +130,6 @@ class KernelLowering:
         score_scale = chains.qk.attributes.get("score_scale")
         self.score_scale = score_scale.value.data if isinstance(score_scale, FloatAttr) else chains.qk.effective_scale
         self.log2e_folded = chains.qk.log2e_folded
-        self.to_base2 = self.score_scale if self.log2e_folded else LOG2E
-        """The factor from the score ops' scores to base-2 logits: `score_scale` itself when every
-        score op is linear (the product goes through them unscaled), else log2 e."""
         self.kv_bounds = kv_bounds(chains)
         self.precision = "ieee" if self.dtype == f32 else None
 
@@ -206,6 +203,12 @@ class KernelLowering:
             a: self.tensor(p, e, sizes=True) for a, e in zip(extra_args, op.extras, strict=True)
         }
         return lower_region(kb, op, index_args, RegionEnv(extras, ctx.valid, ctx.fast_tanh))
+
+    @property
+    def to_base2(self) -> float:
+        """The factor from the score ops' scores to base-2 logits: `score_scale` itself when every
+        score op is linear (the product goes through them unscaled), else log2 e."""
+        return self.score_scale if self.log2e_folded else LOG2E
 
     def scores(self, kb: KernelBuilder, product: SSAValue) -> SSAValue:
         """The scores the score ops take, from Q·Kᵀ's fp32 product: the product itself when
