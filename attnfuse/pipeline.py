@@ -55,6 +55,8 @@ class AttnFusePipelinePass(ModulePass):
     tanh: TanhMode = "auto"
     """kernel-path's tanh: a softcap's or region's tanh by the GPU's approximate instruction in
     the Gluon kernel (auto), in every GPU kernel (approx) or nowhere (exact)."""
+    deterministic: bool = False
+    """kernel-path's deterministic: the Gluon backward's dQ as an ordered, bitwise reproducible sum."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -90,6 +92,7 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             min_len=o.gluon_min_len,
             min_len_transformed=o.gluon_min_len_transformed,
             tanh=o.tanh,
+            deterministic=o.deterministic,
         ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),

@@ -47,7 +47,7 @@ from typing import Literal, get_args
 
 from xdsl.context import Context
 from xdsl.dialects import math
-from xdsl.dialects.builtin import BFloat16Type, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import BFloat16Type, DenseArrayBase, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -60,6 +60,8 @@ TanhMode = Literal["auto", "approx", "exact"]
 """kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
 """Rows of the Gluon kernel's Q tiles and K/V blocks."""
+GLUON_BWD_ROWS = 64
+"""Query rows of one step of the Gluon backward kernel (its programs own 128 keys)."""
 GLUON_HEAD_DIMS = (128,)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
@@ -72,7 +74,11 @@ def gluon_refusal(
     if sm != 90:
         return f"sm {sm}: the Gluon kernel is for sm 90 (Hopper)"
     if v.is_backward:
-        return "a backward function (the Gluon kernel is a forward)"
+        wrt = v.func.attributes.get("attn.wrt")
+        asked = set(wrt.get_values()) if isinstance(wrt, DenseArrayBase) else set()
+        if not {v.q_arg.index, v.k_arg.index, v.v_arg.index} <= asked:
+            return "a backward that does not ask for dq, dk and dv (the Gluon backward computes them together)"
+        head_dims = (64, 128)
     types = {t.get_element_type() for t in (v.q_type, v.k_type, v.v_type)}
     if len(types) != 1 or not isinstance(next(iter(types)), BFloat16Type | Float16Type):
         return "q, k and v are not all bf16 or all f16"
@@ -124,6 +130,12 @@ def kernel_path(f: object) -> tuple[str, int]:
     if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
         return TRITON, 0
     return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
+
+
+def deterministic_dq(f: object) -> bool:
+    """Whether this pass asked function `f`'s Gluon backward for an ordered (deterministic) dQ."""
+    entry = getattr(f, "attributes", {}).get("attn.kernel_path")
+    return isinstance(entry, DictionaryAttr) and entry.data.get("deterministic") == IntegerAttr.from_bool(True)
 
 
 def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
@@ -194,6 +206,10 @@ class KernelPathPass(ModulePass):
     tanh: TanhMode = "auto"
     """A bf16/f16 variant's tanh on a GPU: `auto`, by the approximate instruction in the Gluon
     kernel only; `approx`, in every kernel (forward and backward); `exact`, nowhere."""
+    deterministic: bool = False
+    """The Gluon backward's dQ as an ordered sum (the generic dQ kernel after it: bitwise
+    reproducible) instead of TMA reduce-adds from every block of keys. Without it, a call
+    under `torch.use_deterministic_algorithms(True)` takes the ordered sum too."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.tanh not in get_args(TanhMode):  # `-p` options are checked by xDSL; this checks Python callers
@@ -207,7 +223,8 @@ class KernelPathPass(ModulePass):
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
             v = analyse(f)
-            min_len = self.min_len_transformed if v.q_chain and not gluon_rotates_q(v) else self.min_len
+            transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
+            min_len = self.min_len_transformed if transformed else self.min_len
             reason = (
                 gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims))
                 if self.gluon
@@ -215,6 +232,8 @@ class KernelPathPass(ModulePass):
             )
             if reason is None:
                 entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
+                if v.is_backward and self.deterministic:
+                    entry["deterministic"] = IntegerAttr.from_bool(True)
             else:
                 entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
             half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)

@@ -323,3 +323,60 @@ class GluonAttentionOp(_HostOp):
             raise VerifyException("tl.gluon_attention `rope` names two tables, cos and sin")
         if self.q_norm_weight is not None and self.q_norm_eps is None:
             raise VerifyException("tl.gluon_attention `q_norm_weight` needs `q_norm` (its eps)")
+
+
+@irdl_op_definition
+class GluonBackwardOp(_HostOp):
+    """`_gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, ...)`: the sm90
+    Gluon backward kernel (`attnfuse/targets/triton/gluon_bwd_sm90.py`, `attn_bwd_sm90`) on a q
+    and k holding their transforms: dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv
+    head's query heads, and, where the host expression `dq` is true, dS·k added into the
+    zeroed fp32 workspace `dq_acc`. P and dS come from the variant's `tl.device_fn`s: `range`
+    (the query blocks a block of keys meets), `full` and `masked` (P and dS of unmasked and
+    masked blocks), which read the host expressions `args`. Operands are host expressions."""
+
+    name = "tl.gluon_backward"
+    q = prop_def(StringAttr)
+    k = prop_def(StringAttr)
+    v = prop_def(StringAttr)
+    dout = prop_def(StringAttr)
+    lse = prop_def(StringAttr)
+    delta = prop_def(StringAttr)
+    dq_acc = prop_def(StringAttr)
+    dk = prop_def(StringAttr)
+    dv = prop_def(StringAttr)
+    dk_scale = prop_def(FloatAttr[Float64Type])
+    range_fn = prop_def(FlatSymbolRefAttr)
+    full = prop_def(FlatSymbolRefAttr)
+    masked = prop_def(FlatSymbolRefAttr)
+    dq = prop_def(StringAttr)
+    args = opt_prop_def(ArrayAttr[StringAttr])
+    assembly_format = (
+        "$q `,` $k `,` $v `,` $dout `,` $lse `,` $delta `->` $dq_acc `,` $dk `,` $dv `scale` $dk_scale"
+        " `range` $range_fn `full` $full `masked` $masked `dq` $dq (`args` $args^)? attr-dict"
+    )
+
+    def __init__(
+        self,
+        tensors: Sequence[str],
+        outputs: Sequence[str],
+        dk_scale: float,
+        hooks: tuple[str, str, str],
+        dq: str,
+        args: Sequence[str] = (),
+    ):
+        q, k, v, dout, lse, delta = tensors
+        dq_acc, dk, dv = outputs
+        props: dict[str, Attribute] = {
+            name: StringAttr(value)
+            for name, value in (
+                ("q", q), ("k", k), ("v", v), ("dout", dout), ("lse", lse), ("delta", delta),
+                ("dq_acc", dq_acc), ("dk", dk), ("dv", dv), ("dq", dq),
+            )
+        }
+        props["dk_scale"] = FloatAttr(float(dk_scale), f64)
+        for name, ref in zip(("range_fn", "full", "masked"), hooks, strict=True):
+            props[name] = SymbolRefAttr(ref)
+        if args:
+            props["args"] = ArrayAttr(StringAttr(a) for a in args)
+        super().__init__(properties=props)

@@ -20,6 +20,10 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
 - Ping-pong (`_gl_take_turn`, `_gl_pass_turn`): two consumer warpgroups take turns issuing
   their asynchronous wgmmas through two turn mbarriers (`_gl_barriers(2)`, `_gl_turns_init`), so one's
   softmax runs while the other's products occupy the tensor cores.
+- TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
+  TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
+  3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so
+  this is that function; `tma.store_wait` waits for it as for a TMA store.
 """
 
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
@@ -27,6 +31,8 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton._C.libtriton import ir as _gl_ir
+from triton.experimental.gluon.language._core import builtin as _gl_builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 # fmt: off
@@ -126,3 +132,11 @@ def _gl_take_turn(turn_bars, event, WG: gl.constexpr):
 def _gl_pass_turn(turn_bars, WG: gl.constexpr):
     """Ping-pong: the other consumer may issue its wgmmas now."""
     mbarrier.arrive(turn_bars.index(1 - WG), count=1)
+
+
+@_gl_builtin
+def _gl_tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile `src` into the block of `tensor_desc` at `coord`, by TMA
+    (asynchronous: `tma.store_wait` waits until `src` may be overwritten)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_gl_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)

@@ -58,19 +58,21 @@ def prelude_source() -> str:
 
 
 GLUON_FILES = ("gluon_common.py", "gluon_sm90.py")
-"""The Gluon kernel library, in the order generated modules carry it: the pieces the sm90
-kernels share, then the kernels."""
+"""The Gluon forward kernel's library, in the order generated modules carry it: the pieces the
+sm90 kernels share, then the kernel."""
+GLUON_BWD_FILES = ("gluon_common.py", "gluon_bwd_sm90.py")
+"""The same for the Gluon backward kernel."""
 
 
 @functools.cache
-def gluon_source() -> str:
+def gluon_source(files: tuple[str, ...] = GLUON_FILES) -> str:
     """The code of `GLUON_FILES`, each from its first `triton.experimental` import on: the sm90
     Gluon kernel, as generated modules that launch it carry it. Their imports come first, each
     once; imports of AttnFuse's own modules (the kernels' of `gluon_common`) are dropped, as the
     carried code defines those names itself."""
     imports: list[str] = []
     bodies: list[str] = []
-    for name in GLUON_FILES:
+    for name in files:
         text = importlib.resources.files(__name__.rpartition(".")[0]).joinpath(name).read_text(encoding="utf-8")
         lines = text.splitlines(keepends=True)
         tree = ast.parse(text)
@@ -205,11 +207,16 @@ class TritonPrinter:
                 )
         functions = {op.sym_name.data for op in module.ops if isinstance(op, tl.DeviceFnOp)}
         for op in module.walk():
-            if isinstance(op, tl.GluonAttentionOp):
-                for ref in (op.range_fn, op.score_full, op.score_masked):
+            if isinstance(op, tl.GluonAttentionOp | tl.GluonBackwardOp):
+                refs = (
+                    (op.range_fn, op.score_full, op.score_masked)
+                    if isinstance(op, tl.GluonAttentionOp)
+                    else (op.range_fn, op.full, op.masked)
+                )
+                for ref in refs:
                     if ref is not None and ref.string_value() not in functions:
                         raise DiagnosticException(
-                            f"tl.gluon_attention calls @{ref.string_value()}, which is not a tl.device_fn of the module"
+                            f"{op.name} calls @{ref.string_value()}, which is not a tl.device_fn of the module"
                         )
         self.out.write(HEADER)
         self.out.write(prelude_source())
@@ -218,6 +225,9 @@ class TritonPrinter:
         if any(isinstance(op, tl.GluonAttentionOp) for op in module.walk()):
             self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_*.py: GLUON_FILES).\n")
             self.out.write(gluon_source())
+        if any(isinstance(op, tl.GluonBackwardOp) for op in module.walk()):
+            self.out.write("\n\n# The sm90 Gluon backward kernel (attnfuse/targets/triton/gluon_*.py: GLUON_BWD_FILES).\n")
+            self.out.write(gluon_source(GLUON_BWD_FILES))
         for op in module.ops:
             self.out.write("\n\n")
             if isinstance(op, tl.KernelOp | tl.DeviceFnOp):
@@ -410,6 +420,8 @@ class TritonPrinter:
                         self.indent -= 1
                 case tl.GluonAttentionOp():
                     self.line(f"_gluon_attention({_gluon_args(h)})")
+                case tl.GluonBackwardOp():
+                    self.line(f"_gluon_backward({_gluon_bwd_args(h)})")
                 case _:
                     raise DiagnosticException(f"'{h.name}' cannot appear in a tl.launcher")
 
@@ -433,6 +445,17 @@ def _gluon_args(h: tl.GluonAttentionOp) -> str:
     if h.q_norm_eps is not None:
         weight = h.q_norm_weight.data if h.q_norm_weight is not None else "None"
         args.append(f"q_norm=({weight}, {h.q_norm_eps.value.data!r})")
+    return ", ".join(args)
+
+
+def _gluon_bwd_args(h: tl.GluonBackwardOp) -> str:
+    """The arguments of `_gluon_backward` for a `tl.gluon_backward`."""
+    args = [a.data for a in (h.q, h.k, h.v, h.dout, h.lse, h.delta, h.dq_acc, h.dk, h.dv)]
+    args.append(repr(h.dk_scale.value.data))
+    args.append(f"({', '.join(f.string_value() for f in (h.range_fn, h.full, h.masked))})")
+    if h.args is not None:
+        args.append(f"xargs=({', '.join(_host_args([a.data for a in h.args]))},)")
+    args.append(f"dq={h.dq.data}")
     return ", ".join(args)
 
 

@@ -1,0 +1,108 @@
+"""The sm90 Gluon backward against the generic Triton backward, same module source otherwise:
+each variant's backward compiled twice (kernel-path gluon=true / gluon=false), its generated
+`launch` timed alone (delta, pre-rotations, the dK/dV and dQ kernels, the workspaces'
+kernels), median of `triton.testing.do_bench`, after a check that both give the same
+gradients (relative L2 difference <= 2e-2). Also the ordered (deterministic) dQ.
+
+    python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
+
+Writes DIR/backward_ab.md and .json. TFLOP/s count 2.5x the causal forward's 2 B Hq N^2 D.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tests"))
+from kernel_harness import variant  # noqa: E402
+
+from attnfuse.cache import load_source  # noqa: E402
+from attnfuse.compiler import compile_module  # noqa: E402
+from attnfuse.ir import parse_module  # noqa: E402
+
+ROPE = "attn.rope {x} half theta = 500000.0 rotary_dim = {D}"
+NORM = "attn.norm {x} eps = 1.0e-06"
+CAUSAL = "attn.mask {s} causal"
+SHAPES = {"llama": (1, 32, 8, 128, torch.bfloat16), "paper": (4, 12, 12, 64, torch.float16)}
+VARIANTS = {
+    "causal": dict(score_ops=[CAUSAL]),
+    "rope_causal": dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]),
+    "qknorm_rope": dict(q_ops=[NORM, ROPE], k_ops=[NORM, ROPE], score_ops=[CAUSAL]),
+    "window_softcap": dict(score_ops=["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(1024)"]),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--ns", default="4096,16384")
+    ap.add_argument("--shapes", default="llama,paper")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp())
+    rows = []
+    lines = [
+        "# Gluon backward vs generic backward (the generated launch alone)",
+        "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}",
+        "",
+        "| shape | variant | N | generic ms (TFLOP/s) | Gluon ms (TFLOP/s) | Gluon, ordered dQ ms | Gluon / generic |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape in args.shapes.split(","):
+        b, hq, hkv, d, dtype = SHAPES[shape]
+        for name in args.variants.split(","):
+            pieces = {k: [p.replace("{D}", str(d)) for p in v] for k, v in VARIANTS[name].items()}
+            ir = variant(dtype=dtype, hq=hq, hkv=hkv, d=d, **pieces)
+            for n in (int(x) for x in args.ns.split(",")):
+                g = torch.Generator(device="cuda").manual_seed(n)
+                q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype, generator=g)
+                k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+                fwd = load_source(compile_module(parse_module(ir), sm=90, seq_len=n).source, folder, interpret=False)
+                out, lse = fwd.launch(q, k, v)
+                dout = torch.randn_like(out)
+                times, grads = {}, {}
+                for label, opts in (
+                    ("generic", dict(gluon=False)),
+                    ("gluon", {}),
+                    ("ordered", dict(deterministic=True)),
+                ):
+                    src = compile_module(
+                        parse_module(ir), sm=90, seq_len=n, direction="bwd", wrt=(0, 1, 2), **opts
+                    ).source
+                    assert ("_gluon_backward(" in src) is (label != "generic"), label
+                    bwd = load_source(src, folder, interpret=False)
+                    grads[label] = bwd.launch(q, k, v, out, lse, dout)
+                    times[label] = triton.testing.do_bench(
+                        lambda bwd=bwd: bwd.launch(q, k, v, out, lse, dout), return_mode="median"
+                    )
+                errs = [
+                    ((a.double() - r.double()).norm() / r.double().norm()).item()
+                    for label in ("gluon", "ordered")
+                    for a, r in zip(grads[label], grads["generic"], strict=True)
+                ]
+                flops = 2.5 * 2 * b * hq * n * n * d
+                tf = {k2: flops / (t * 1e-3) / 1e12 for k2, t in times.items()}
+                ok = max(errs) <= 2e-2
+                rows.append(dict(shape=shape, variant=name, n=n, ms=times, tflops=tf, max_rel_diff=max(errs), ok=ok))
+                ratio = times["generic"] / times["gluon"]
+                lines.append(
+                    f"| {shape} | {name} | {n} | {times['generic']:.3f} ({tf['generic']:.0f}) | "
+                    f"{times['gluon']:.3f} ({tf['gluon']:.0f}) | {times['ordered']:.3f} | "
+                    f"{ratio:.2f}{'' if ok else ' WRONG'} |"
+                )
+                print(lines[-1], flush=True)
+                (args.out / "backward_ab.json").write_text(json.dumps(rows, indent=1))
+                (args.out / "backward_ab.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

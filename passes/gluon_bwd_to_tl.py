@@ -1,0 +1,218 @@
+"""convert-attn-to-tl's Gluon backward (kernel path `gluon-sm90` on a backward function): the
+generic backward's kernels, plus what the sm90 Gluon backward kernel
+(`attnfuse/targets/triton/gluon_bwd_sm90.py`) needs, and a launcher that chooses per call.
+
+- The variant's score ops and their derivatives as `tl.device_fn`s the Gluon kernel calls (its
+  hooks): the query blocks a block of keys meets (`gluon_bwd_range`, causal-split's bounds
+  transposed, as `q_segments` gives the generic dK/dV kernel's loop) and P and dS of unmasked
+  and masked blocks (`gluon_bwd_full`, `gluon_bwd_masked`): P recomputed from the raw fp32
+  product and the saved log-sum-exp, dS = P (dP - delta) back through the score ops'
+  derivatives, the same arithmetic as the generic kernels' (`BackwardLowering.probs`,
+  `score_grad`).
+- `attn_bwd_dq_acc`: dQ from the Gluon kernel's fp32 workspace, scaled, Q's chain's derivatives
+  applied (inverse RoPE, RMSNorm backward, a norm weight's gradient share); `attn_bwd_dk_acc`
+  the same for K when K has a chain (else the Gluon kernel writes dK itself).
+- The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernel, then dQ from its workspace, or,
+  when deterministic (kernel-path's `deterministic`, or `torch.use_deterministic_algorithms`),
+  the generic dQ kernel (an ordered sum); else the generic dK/dV and dQ kernels.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import f32, i32, i64
+from xdsl.ir import Operation, SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse.dialects import tl
+from attnfuse.passes.analysis import AttentionChains
+from attnfuse.passes.backward_epilogues_to_tl import chain_grad
+from attnfuse.passes.backward_to_tl import BackwardLowering, Side
+from attnfuse.passes.kernel_lowering import ScoreCtx
+from attnfuse.passes.kernel_path import GLUON_BWD_ROWS, deterministic_dq, kernel_path, uses_approx_tanh
+from attnfuse.passes.kv_segments import q_segments
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, erase_dead
+from attnfuse.passes.tl_builder import KernelBuilder, Params
+
+
+class GluonBackwardLowering(BackwardLowering):
+    """Builds the kernels, the Gluon kernel's functions and the launcher of one backward
+    function kernel-path gave the sm90 Gluon kernel."""
+
+    def __init__(self, chains: AttentionChains, arg_names: list[str]):
+        super().__init__(chains, arg_names)
+        self.gluon_fast_tanh = uses_approx_tanh(chains.func, gluon=True)
+        if not (self.need_dq and self.need_dk and self.need_dv):
+            raise DiagnosticException(
+                f"func @{chains.func.sym_name.data}: the Gluon backward computes dq, dk and dv together; "
+                "kernel-path gives it only functions that ask for all three"
+            )
+
+    def lower(self) -> LoweredFunction:
+        calls = self.kernels()
+        fns = self.hooks()
+        generic = {c.kernel.sym_name.data: c for c in calls}
+        extra = [self.acc_kernel(self.q)]
+        if self.k.grads:
+            extra.append(self.acc_kernel(self.k))
+        launcher = self.gluon_launcher(calls, fns, {c.kernel.sym_name.data: c for c in extra}, generic)
+        kernels = [c.kernel for c in calls + extra]
+        return LoweredFunction(kernels, launcher, fns)
+
+    # ------------------------------------------------------------------ the hooks
+    def hooks(self) -> list[tl.DeviceFnOp]:
+        """gluon_bwd_range, gluon_bwd_masked and gluon_bwd_full (same extra parameters)."""
+        masked, params = self.block_fn("gluon_bwd_masked", True, None)
+        full, _ = self.block_fn("gluon_bwd_full", False, params)
+        self.xargs = params.host[7:]
+        return [self.range_fn(), full, masked]
+
+    def range_fn(self) -> tl.DeviceFnOp:
+        """`gluon_bwd_range(k_lo, k_hi, NQ)`: the query rows some query of which keeps a key
+        of positions [k_lo, k_hi], [lo, hi), and those whose every query keeps all of them,
+        [full_lo, full_hi), in blocks of the Gluon kernel's query rows (Nq = Nk)."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        k_lo, k_hi, nq = (p.param(n, i32, "") for n in ("k_lo", "k_hi", "NQ"))
+        segments = q_segments(kb, self.kv_bounds, k_lo, k_hi, kb.value(0), nq, GLUON_BWD_ROWS)
+        if len(segments) == 3:
+            lo, f_lo, f_hi, hi = segments[0][0], segments[1][0], segments[1][1], segments[2][1]
+        else:
+            (lo, hi, masked), = segments
+            f_lo, f_hi = (hi, hi) if masked else (lo, hi)
+        p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
+        return self.device_fn("gluon_bwd_range", p)
+
+    def block_fn(self, name: str, masked: bool, like: Params | None) -> tuple[tl.DeviceFnOp, Params]:
+        """`name(s, dp, lse2, delta, q_idx, kv_idx, off_hz, *extras) -> (p, ds)` on a
+        transposed block (keys along rows): s = K Qᵀ and dp = V dOᵀ (fp32), lse2 the queries'
+        log-sum-exp in base 2 and delta theirs, q_idx [1, M] and kv_idx [N, 1] positions, of
+        query head `off_hz` (batch*head). The masks are applied when `masked`."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        s = p.param("s", tl.TileType(f32), "")
+        dp = p.param("dp", tl.TileType(f32), "")
+        lse2 = p.param("lse2", tl.TileType(f32), "")
+        delta = p.param("delta", tl.TileType(f32), "")
+        q_idx = p.param("q_idx", tl.TileType(i32), "")
+        kv_idx = p.param("kv_idx", tl.TileType(i32), "")
+        off_hz = p.param("off_hz", i32, "")
+        if like is not None:
+            for (key, arg), host in zip(list(like.by_key.items())[7:], like.host[7:], strict=True):
+                p.param(key, arg.type, host)
+        b = kb.floordiv(off_hz, self.hq, hint="b")
+        h = kb.rem(off_hz, self.hq, hint="h")
+        b_off = kb.cast(b, i64, hint="b_off")
+        docs = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
+        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, docs, self.gluon_fast_tanh)
+        env: dict[SSAValue, SSAValue] = {}
+        scores = self.score_ops(kb, p, self.scores(kb, s), ctx, masked, env)
+        pr, dropped = self.probs(kb, scores, lse2, masked)
+        ds = self.score_grad(kb, p, pr, dp, delta, env, ctx, dropped)
+        if like is not None and len(p.host) != len(like.host):
+            raise DiagnosticException(f"{name} reads a tensor the masked function does not")
+        p.block.add_op(tl.ReturnOp(pr, ds))
+        return self.device_fn(name, p), p
+
+    @staticmethod
+    def device_fn(name: str, p: Params) -> tl.DeviceFnOp:
+        erase_dead(p.block)
+        return tl.DeviceFnOp(name, p.block)
+
+    # ------------------------------------------------------------------ the workspaces' kernels
+    def acc_kernel(self, side: Side) -> KernelCall:
+        """`attn_bwd_dq_acc` / `attn_bwd_dk_acc`: a gradient from the Gluon kernel's fp32
+        workspace, times the scores' scale for dQ (the kernel scaled dK), through the side's
+        chain's derivatives, stored in the gradient's dtype. Its grid and program numbering are
+        the generic dQ (dK/dV) kernel's, so a norm weight's gradient shares fill the same
+        buffer."""
+        is_q = side is self.q
+        which = "dq" if is_q else "dk"
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        acc = self.out_tensor(p, f"{which.upper()}_ACC", f"{which}_acc")
+        heads = self.hq if is_q else self.hkv
+        host = self.host_name(side.arg)
+        n = p.param("N", i32, f"{host}.shape[2]")
+        block = p.param("BLOCK", i32, str(self.block_m), constexpr=True)
+        pid_bh = kb.emit(tl.ProgramIdOp(0 if is_q else 1), "pid_bh")
+        pid_m = kb.emit(tl.ProgramIdOp(1 if is_q else 0), "pid_m")
+        b = kb.floordiv(pid_bh, heads, hint="b")
+        h = kb.rem(pid_bh, heads, hint="h")
+        b_off, h_off = kb.cast(b, i64, hint="b_off"), kb.cast(h, i64, hint="h_off")
+        m_start = kb.mul(pid_m, block, hint="m_start")
+        m_off = kb.cast(m_start, i64, hint="m_off")
+        rows = kb.arange(block, hint="rows")
+        offs = kb.add(m_start, rows, hint="offs")
+        ok = kb.cmp("<", offs, n, hint="row_ok")
+        g = self.tile(kb, acc, self.base(kb, acc, b_off, h_off), m_off, rows, ok, self.d, which)
+        if is_q:
+            g = kb.mul(g, self.scale)
+            program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(1))), pid_m, hint="program")
+        else:
+            program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_m, hint="program")
+        orig = self.tensor(p, side.arg)
+        orig_base = kb.add(self.base(kb, orig, b_off, h_off), kb.mul(m_off, orig.strides[2]))
+
+        def load(chans: SSAValue) -> SSAValue:
+            return self.qk.load_tile(kb, orig_base, rows, ok, orig.strides[2], orig.strides[3], chans, True, "x0")
+
+        pos = self.positions(kb, p, side.chain, offs, b_off, offs, ok)
+        g = chain_grad(self, kb, p, side, g, load, pos, ok, rows, program, which)
+        out = self.typed_tensor(p, which.upper(), which, side.dtype)
+        self.store_tile(kb, out, self.base(kb, out, b_off, h_off), m_off, rows, ok, self.d, kb.cast(g, side.dtype))
+        p.block.add_op(tl.ReturnOp())
+        blocks = f"_cdiv({host}.shape[2], {self.block_m})"
+        grid = [f"{host}.shape[0] * {heads}", blocks] if is_q else [blocks, f"{host}.shape[0] * {heads}"]
+        return KernelCall(self.kernel(f"attn_bwd_{which}_acc", p), p, grid, 4, 1)
+
+    # ------------------------------------------------------------------ the launcher
+    def gluon_launcher(
+        self,
+        calls: list[KernelCall],
+        fns: list[tl.DeviceFnOp],
+        acc: dict[str, KernelCall],
+        generic: dict[str, KernelCall],
+    ) -> tl.LauncherOp:
+        """The generic launcher with its dK/dV and dQ launches replaced by `if
+        _gluon_bwd_fits(...)`: the Gluon kernel and the workspaces' kernels; else the
+        generic ones."""
+        launcher = self.backward_launcher(calls)
+        ops = list(launcher.body.block.ops)
+        launches = [
+            op for op in ops if isinstance(op, tl.CallOp) and op.callee.data in ("attn_bwd_dkdv", "attn_bwd_dq")
+        ]
+        q, k, v = (self.host_name(a) for a in (self.chains.q_arg, self.chains.k_arg, self.chains.v_arg))
+        q_in = "q_rot" if "rotate_q" in generic else q
+        k_in = "k_rot" if "rotate_k" in generic else k
+        det = "True" if deterministic_dq(self.chains.func) else "_gl_deterministic()"
+        then: list[Operation] = [tl.AllocOp("dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)],
+                                            "torch.float32", f"{q}.device")]
+        dk_out = "dk"
+        if "attn_bwd_dk_acc" in acc:
+            then.append(tl.AllocOp("dk_acc", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
+                                   "torch.float32", f"{k}.device"))
+            dk_out = "dk_acc"
+        range_fn, full, masked = (f.sym_name.data for f in fns)
+        then.append(
+            tl.GluonBackwardOp(
+                (q_in, k_in, v, self.host_of(1), self.host_of(2), "delta"),
+                ("dq_acc", dk_out, "dv"),
+                self.scale,
+                (range_fn, full, masked),
+                f"not {det}",
+                self.xargs,
+            )
+        )
+        then.append(tl.HostIfOp(det, [call_op(generic["attn_bwd_dq"])], [call_op(acc["attn_bwd_dq_acc"])]))
+        if "attn_bwd_dk_acc" in acc:
+            then.append(call_op(acc["attn_bwd_dk_acc"]))
+        _, min_len = kernel_path(self.chains.func)
+        fits = f"_gluon_bwd_fits({q_in}, {k_in}, {v}, {self.host_of(1)}, {self.host_of(2)}, {min_len})"
+        choose = tl.HostIfOp(fits, then, [launches[0].clone(), launches[1].clone()])
+        first = launches[0]
+        assert first.parent is not None
+        first.parent.insert_op_before(choose, first)
+        for op in launches:
+            op.detach()
+            op.erase()
+        return launcher

@@ -1,0 +1,145 @@
+"""The sm90 Gluon backward (kernel path `gluon-sm90` on a backward function) on a Hopper GPU:
+for every variant family of the Gluon forward's suite (`test_gpu_gluon.CASES`: causal and no
+mask at head dims 128 and 64, RoPE + causal with GQA, QK-norm + RoPE with learned weights, an
+interleaved RoPE, windows, prefix-LM, softcap, ALiBi, sinks, documents, a score_mod, a custom
+mask whose first row keeps no key), bf16 and fp16, the generated backward module runs the Gluon
+kernel (a counting wrapper around `_gluon_backward`) and its gradients of q, k, v and every
+extra that has one match float64 autograd of the reference executor, as relative L2 errors
+(`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
+Nq != Nk) take the generic kernels of the same module and are checked too. The deterministic
+dQ (kernel-path `deterministic`, or `torch.use_deterministic_algorithms`) gives bitwise equal
+gradients run after run.
+
+Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from test_gpu_gluon import CASES, _inputs, _ir
+from test_gpu_grad import GRAD_TOL
+
+from attnfuse.cache import load_source
+from attnfuse.compiler import compile_module
+from attnfuse.ir import parse_module
+from attnfuse.passes.analysis import analyse
+from attnfuse.passes.attn_autodiff import differentiable_args
+from attnfuse.reference import run_reference
+from attnfuse.runtime import device_sm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(torch.cuda.is_available() and device_sm() != 90, reason="the Gluon kernel is sm 90's"),
+]
+
+MIN_LEN = 256  # the Gluon kernels from N = 256 here, so the float64 reference stays small
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gpu_gluon_bwd")
+
+
+def _modules(ir: str, folder: Path, n: int, **options) -> tuple[ModuleType, ModuleType, list[int]]:
+    module = parse_module(ir)
+    wrt = sorted(differentiable_args(analyse(next(iter(module.ops)))))  # type: ignore[arg-type]
+    opts = dict(gluon_min_len=MIN_LEN, gluon_min_len_transformed=MIN_LEN, gluon_head_dims=(64, 128), **options)
+    fwd = compile_module(module, sm=90, seq_len=n, **opts).source
+    bwd = compile_module(module, sm=90, seq_len=n, direction="bwd", wrt=tuple(wrt), **opts).source
+    assert "_gluon_backward(" in bwd
+    return load_source(fwd, folder, interpret=False), load_source(bwd, folder, interpret=False), wrt
+
+
+class _Counting:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _run(fwd: ModuleType, bwd: ModuleType, args: list[torch.Tensor], seed: int = 99):
+    cuda = [a.cuda() for a in args]
+    out, lse = fwd.launch(*cuda)
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(out.shape, generator=g).to(out.dtype).cuda()
+    grads = bwd.launch(*cuda, out, lse, dout)
+    torch.cuda.synchronize()
+    return out, dout, grads
+
+
+def _check(ir: str, args: list[torch.Tensor], wrt: list[int], out, dout, grads) -> None:
+    dtype = args[0].dtype
+    xs = [a.double().requires_grad_() if a.is_floating_point() else a for a in args]
+    ref = run_reference(ir, *xs, compute_dtype=torch.float64)
+    refs = torch.autograd.grad(ref, [xs[i] for i in wrt], dout.cpu().double())
+    for i, g, r in zip(wrt, grads, refs, strict=True):
+        assert g.shape == args[i].shape and g.dtype == args[i].dtype, f"gradient {i}: {g.shape} {g.dtype}"
+        g = g.detach().cpu().double()
+        assert torch.isfinite(g).all(), f"gradient of argument {i}: non-finite values"
+        err = ((g - r).norm() / r.norm().clamp_min(1e-30)).item()
+        assert err < GRAD_TOL[dtype], f"gradient of argument {i}: relative L2 error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gluon_backward_gradients(name: str, folder: Path) -> None:
+    case = CASES[name]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    n = 1024 if "document" not in name else 2048  # the documents' cuts reach 1500
+    fwd, bwd, wrt = _modules(ir, folder, n)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    args = _inputs(case, n, n)
+    out, dout, grads = _run(fwd, bwd, args)
+    assert counting.calls == 1, "the Gluon backward did not run"
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("nq,nk", [(1000, 1000), (512, 1024)], ids=["n-1000", "nq-512-nk-1024"])
+def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path) -> None:
+    case = CASES["rope-causal-d128-bf16"]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    fwd, bwd, wrt = _modules(ir, folder, 1024)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    args = _inputs(case, nq, nk)
+    out, dout, grads = _run(fwd, bwd, args)
+    assert counting.calls == 0
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("how", ["option", "torch"])
+def test_deterministic_dq_is_bitwise_reproducible(how: str, folder: Path) -> None:
+    """Five runs of the same backward give bitwise equal gradients with the ordered dQ, and
+    they agree with the default (reduce-add) dQ to rounding."""
+    case = CASES["rope-causal-d128-bf16"]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    n = 2048
+    args = _inputs(case, n, n)
+    fwd, fast, _ = _modules(ir, folder, n)
+    _, _, fast_grads = _run(fwd, fast, args)
+    if how == "option":
+        _, bwd, _ = _modules(ir, folder, n, deterministic=True)
+        runs = [_run(fwd, bwd, args)[2] for _ in range(5)]
+    else:
+        bwd = fast
+        torch.use_deterministic_algorithms(True)
+        try:
+            runs = [_run(fwd, bwd, args)[2] for _ in range(5)]
+        finally:
+            torch.use_deterministic_algorithms(False)
+    for later in runs[1:]:
+        for g0, g in zip(runs[0], later, strict=True):
+            assert torch.equal(g0, g)
+    for g0, g in zip(runs[0], fast_grads, strict=True):
+        err = ((g0.double() - g.double()).norm() / g.double().norm()).item()
+        assert err < 1e-2
