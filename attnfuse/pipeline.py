@@ -55,8 +55,9 @@ class AttnFusePipelinePass(ModulePass):
     tanh: TanhMode = "auto"
     """kernel-path's tanh: a softcap's or region's tanh by the GPU's approximate instruction in
     the Gluon kernel (auto), in every GPU kernel (approx) or nowhere (exact)."""
-    deterministic: bool = False
-    """kernel-path's deterministic: the Gluon backward's dQ as an ordered, bitwise reproducible sum."""
+    gluon_dq_reduce: bool = False
+    """kernel-path's dq-reduce: the Gluon backward's dQ by TMA reduce-adds (not bitwise
+    reproducible) instead of its ordered dQ kernel."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -92,7 +93,7 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             min_len=o.gluon_min_len,
             min_len_transformed=o.gluon_min_len_transformed,
             tanh=o.tanh,
-            deterministic=o.deterministic,
+            dq_reduce=o.gluon_dq_reduce,
         ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),

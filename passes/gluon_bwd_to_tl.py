@@ -12,9 +12,10 @@ generic backward's kernels, plus what the sm90 Gluon backward kernel
 - `attn_bwd_dq_acc`: dQ from the Gluon kernel's fp32 workspace, scaled, Q's chain's derivatives
   applied (inverse RoPE, RMSNorm backward, a norm weight's gradient share); `attn_bwd_dk_acc`
   the same for K when K has a chain (else the Gluon kernel writes dK itself).
-- The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernel, then dQ from its workspace, or,
-  when deterministic (kernel-path's `deterministic`, or `torch.use_deterministic_algorithms`),
-  the generic dQ kernel (an ordered sum); else the generic dK/dV and dQ kernels.
+- The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernels (dK/dV, then the ordered dQ
+  kernel, or with kernel-path's `dq-reduce` dQ's TMA reduce-adds from the dK/dV kernel unless
+  `torch.use_deterministic_algorithms` is on), then the workspaces' kernels; else the generic
+  dK/dV and dQ kernels.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_epilogues_to_tl import chain_grad
 from attnfuse.passes.backward_to_tl import BackwardLowering, Side
 from attnfuse.passes.kernel_lowering import ScoreCtx
-from attnfuse.passes.kernel_path import GLUON_BWD_ROWS, deterministic_dq, kernel_path, uses_approx_tanh
-from attnfuse.passes.kv_segments import q_segments
+from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq, uses_approx_tanh
+from attnfuse.passes.kv_segments import kv_segments, q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, erase_dead
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
@@ -60,11 +61,12 @@ class GluonBackwardLowering(BackwardLowering):
 
     # ------------------------------------------------------------------ the hooks
     def hooks(self) -> list[tl.DeviceFnOp]:
-        """gluon_bwd_range, gluon_bwd_masked and gluon_bwd_full (same extra parameters)."""
+        """gluon_bwd_range, gluon_bwd_kv_range, gluon_bwd_full and gluon_bwd_masked (the last two
+        with the same extra parameters)."""
         masked, params = self.block_fn("gluon_bwd_masked", True, None)
         full, _ = self.block_fn("gluon_bwd_full", False, params)
         self.xargs = params.host[7:]
-        return [self.range_fn(), full, masked]
+        return [self.range_fn(), self.kv_range_fn(), full, masked]
 
     def range_fn(self) -> tl.DeviceFnOp:
         """`gluon_bwd_range(k_lo, k_hi, NQ)`: the query rows some query of which keeps a key
@@ -73,7 +75,7 @@ class GluonBackwardLowering(BackwardLowering):
         p = Params()
         kb = KernelBuilder(p, p.block)
         k_lo, k_hi, nq = (p.param(n, i32, "") for n in ("k_lo", "k_hi", "NQ"))
-        segments = q_segments(kb, self.kv_bounds, k_lo, k_hi, kb.value(0), nq, GLUON_BWD_ROWS)
+        segments = q_segments(kb, self.kv_bounds, k_lo, k_hi, kb.value(0), nq, GLUON_BWD_BLOCK)
         if len(segments) == 3:
             lo, f_lo, f_hi, hi = segments[0][0], segments[1][0], segments[1][1], segments[2][1]
         else:
@@ -81,6 +83,19 @@ class GluonBackwardLowering(BackwardLowering):
             f_lo, f_hi = (hi, hi) if masked else (lo, hi)
         p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
         return self.device_fn("gluon_bwd_range", p)
+
+    def kv_range_fn(self) -> tl.DeviceFnOp:
+        """`gluon_bwd_kv_range(q_lo, q_hi, NK)`: the keys some query of positions [q_lo, q_hi]
+        keeps, [lo, hi), and those all of them keep, [full_lo, full_hi), in blocks of the dQ
+        kernel's keys (causal-split's bounds, as `kv_segments` gives the generic loops)."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        q_lo, q_hi, nk = (p.param(n, i32, "") for n in ("q_lo", "q_hi", "NK"))
+        segments = kv_segments(kb, self.kv_bounds, q_lo, q_hi, nk, GLUON_BWD_BLOCK)
+        lo, hi = segments[0][0], segments[-1][1]
+        f_lo, f_hi = (segments[1][0], segments[1][1]) if len(segments) == 3 else (hi, hi)
+        p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
+        return self.device_fn("gluon_bwd_kv_range", p)
 
     def block_fn(self, name: str, masked: bool, like: Params | None) -> tuple[tl.DeviceFnOp, Params]:
         """`name(s, dp, lse2, delta, q_idx, kv_idx, off_hz, *extras) -> (p, ds)` on a
@@ -174,7 +189,7 @@ class GluonBackwardLowering(BackwardLowering):
         generic: dict[str, KernelCall],
     ) -> tl.LauncherOp:
         """The generic launcher with its dK/dV and dQ launches replaced by `if
-        _gluon_bwd_fits(...)`: the Gluon kernel and the workspaces' kernels; else the
+        _gluon_bwd_fits(...)`: the Gluon kernels and the workspaces' kernels; else the
         generic ones."""
         launcher = self.backward_launcher(calls)
         ops = list(launcher.body.block.ops)
@@ -184,28 +199,26 @@ class GluonBackwardLowering(BackwardLowering):
         q, k, v = (self.host_name(a) for a in (self.chains.q_arg, self.chains.k_arg, self.chains.v_arg))
         q_in = "q_rot" if "rotate_q" in generic else q
         k_in = "k_rot" if "rotate_k" in generic else k
-        det = "True" if deterministic_dq(self.chains.func) else "_gl_deterministic()"
-        then: list[Operation] = [tl.AllocOp("dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)],
-                                            "torch.float32", f"{q}.device")]
+        then: list[Operation] = [
+            tl.AllocOp("dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)], "torch.float32",
+                       f"{q}.device")
+        ]
         dk_out = "dk"
         if "attn_bwd_dk_acc" in acc:
             then.append(tl.AllocOp("dk_acc", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
                                    "torch.float32", f"{k}.device"))
             dk_out = "dk_acc"
-        range_fn, full, masked = (f.sym_name.data for f in fns)
         then.append(
             tl.GluonBackwardOp(
                 (q_in, k_in, v, self.host_of(1), self.host_of(2), "delta"),
                 ("dq_acc", dk_out, "dv"),
                 self.scale,
-                (range_fn, full, masked),
-                f"not {det}",
+                (fns[0].sym_name.data, fns[1].sym_name.data, fns[2].sym_name.data, fns[3].sym_name.data),
+                "not _gl_deterministic()" if reduces_dq(self.chains.func) else None,
                 self.xargs,
             )
         )
-        then.append(tl.HostIfOp(det, [call_op(generic["attn_bwd_dq"])], [call_op(acc["attn_bwd_dq_acc"])]))
-        if "attn_bwd_dk_acc" in acc:
-            then.append(call_op(acc["attn_bwd_dk_acc"]))
+        then += [call_op(c) for c in acc.values()]
         _, min_len = kernel_path(self.chains.func)
         fits = f"_gluon_bwd_fits({q_in}, {k_in}, {v}, {self.host_of(1)}, {self.host_of(2)}, {min_len})"
         choose = tl.HostIfOp(fits, then, [launches[0].clone(), launches[1].clone()])

@@ -1,4 +1,4 @@
-"""kernel-path: which kernel computes a forward variant's attention on its target.
+"""kernel-path: which kernels compute a variant's attention, forward or backward, on its target.
 
 `gluon-sm90`: on Hopper, the warp-specialized Gluon kernel (TMA loads, asynchronous wgmma,
 ping-pong consumer warpgroups; `attnfuse/targets/triton/gluon_sm90.py`), with K's transforms in a
@@ -7,8 +7,24 @@ pre-rotation kernel and Q's applied by the kernel itself (QK-norm, a plain RoPE:
 and the launcher takes it for calls the Gluon kernel does not cover (Nq != Nk, a length not
 a multiple of 128 or below `min-len`, unaligned data).
 
+`gluon-sm90` on a backward function (attn-autodiff's): the sm90 Gluon backward
+(`attnfuse/targets/triton/gluon_bwd_sm90.py`): a dK/dV kernel (one program per 128 keys, K and V
+resident, Q and dO streamed by a TMA producer warp, two consumer warpgroups) and an ordered dQ
+kernel (one program per 128 query rows, K and V streamed), Q and K pre-rotated, their chains'
+derivatives in small kernels after them; the generic backward stays beside it for calls it does
+not cover. It takes every variant the Gluon forward takes, at head dims 64 and 128 (whatever
+`head-dims` says: that option is the forward's), for a function that asks for dq, dk and dv.
+Measured (H200, 2026-12-02, benchmarks/results/h200/run_2026-12-02_gluon_bwd/): 1.11-2.08x the
+generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softcap, at the Llama
+and the paper shapes. `dq-reduce` instead adds dQ's shares into an fp32 workspace from the dK/dV
+kernel by TMA reduce-adds (FlashAttention-3's way; not bitwise reproducible): measured 0.71-0.87x
+the ordered dQ kernel's speed, except window+softcap at the paper shape (1.11-1.12x), so it is an
+option, recorded as `dq = "reduce"`. Min-len is `min-len` (a backward pre-rotates Q
+and K on both paths); below 2048 the Gluon backward was not measured.
+
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
-backward, a head dim or dtype the Gluon kernel does not take or is not faster for).
+head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
+ask for all of dq, dk and dv).
 
 `tanh = "approx"`: the variant's tanh (a softcap, `math.tanh` in a region) runs as the GPU's
 approximate instruction (`tl.fast_tanh`, `tanh.approx.f32`, relative error about 2^-11, as
@@ -60,8 +76,9 @@ TanhMode = Literal["auto", "approx", "exact"]
 """kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
 """Rows of the Gluon kernel's Q tiles and K/V blocks."""
-GLUON_BWD_ROWS = 64
-"""Query rows of one step of the Gluon backward kernel (its programs own 128 keys)."""
+GLUON_BWD_BLOCK = 64
+"""Rows of one step of the Gluon backward kernels' loops: query rows in the dK/dV kernel (its
+programs own 128 keys), keys in the dQ kernel (its programs own 128 query rows)."""
 GLUON_HEAD_DIMS = (128,)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
@@ -132,10 +149,10 @@ def kernel_path(f: object) -> tuple[str, int]:
     return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
 
 
-def deterministic_dq(f: object) -> bool:
-    """Whether this pass asked function `f`'s Gluon backward for an ordered (deterministic) dQ."""
+def reduces_dq(f: object) -> bool:
+    """Whether this pass gave function `f`'s Gluon backward dQ by TMA reduce-adds (`dq-reduce`)."""
     entry = getattr(f, "attributes", {}).get("attn.kernel_path")
-    return isinstance(entry, DictionaryAttr) and entry.data.get("deterministic") == IntegerAttr.from_bool(True)
+    return isinstance(entry, DictionaryAttr) and entry.data.get("dq") == StringAttr("reduce")
 
 
 def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
@@ -163,6 +180,9 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
                 f"{where} says tanh = {tanh}, but the approximate tanh instruction needs bf16/f16 inputs on a "
                 f"GPU, got {v.q_type.get_element_type()} at sm {sm}"
             )
+    dq = entry.data.get("dq")
+    if dq is not None and (dq != StringAttr("reduce") or not v.is_backward or path.data != GLUON):
+        raise DiagnosticException(f'{where} dq = {dq}: only a backward on "{GLUON}" takes dq = "reduce"')
     if path.data == TRITON:
         return TRITON, 0
     min_len = entry.data.get("min_len")
@@ -179,11 +199,12 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class KernelPathPass(ModulePass):
-    """Choose, per forward function, the kernel that computes its attention: the sm90 Gluon
-    kernel where it takes the variant, else the generic Triton kernel. Marks the function
-    with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
+    """Choose, per function (forward or backward), the kernels that compute its attention: the
+    sm90 Gluon kernels where they take the variant, else the generic Triton kernels. Marks the
+    function with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
     reason = "..."}`, plus `tanh = "approx"` or `"approx-gluon"` where the variant's tanh
-    runs as the GPU's approximate instruction."""
+    runs as the GPU's approximate instruction, and `dq = "reduce"` on a Gluon backward whose dQ
+    is added up by TMA reduce-adds (`dq-reduce`)."""
 
     name = "kernel-path"
 
@@ -206,10 +227,12 @@ class KernelPathPass(ModulePass):
     tanh: TanhMode = "auto"
     """A bf16/f16 variant's tanh on a GPU: `auto`, by the approximate instruction in the Gluon
     kernel only; `approx`, in every kernel (forward and backward); `exact`, nowhere."""
-    deterministic: bool = False
-    """The Gluon backward's dQ as an ordered sum (the generic dQ kernel after it: bitwise
-    reproducible) instead of TMA reduce-adds from every block of keys. Without it, a call
-    under `torch.use_deterministic_algorithms(True)` takes the ordered sum too."""
+    dq_reduce: bool = False
+    """The Gluon backward's dQ by TMA reduce-adds from its dK/dV kernel (each block of keys adds
+    its share into an fp32 workspace: not bitwise reproducible, and a call under
+    `torch.use_deterministic_algorithms(True)` does not take it) instead of its ordered dQ
+    kernel (the default: deterministic, and measured faster, benchmarks/results/h200/
+    run_2026-12-02_gluon_bwd)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.tanh not in get_args(TanhMode):  # `-p` options are checked by xDSL; this checks Python callers
@@ -232,8 +255,8 @@ class KernelPathPass(ModulePass):
             )
             if reason is None:
                 entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
-                if v.is_backward and self.deterministic:
-                    entry["deterministic"] = IntegerAttr.from_bool(True)
+                if v.is_backward and self.dq_reduce:
+                    entry["dq"] = StringAttr("reduce")
             else:
                 entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
             half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)

@@ -6,9 +6,9 @@ mask whose first row keeps no key), bf16 and fp16, the generated backward module
 kernel (a counting wrapper around `_gluon_backward`) and its gradients of q, k, v and every
 extra that has one match float64 autograd of the reference executor, as relative L2 errors
 (`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
-Nq != Nk) take the generic kernels of the same module and are checked too. The deterministic
-dQ (kernel-path `deterministic`, or `torch.use_deterministic_algorithms`) gives bitwise equal
-gradients run after run.
+Nq != Nk) take the generic kernels of the same module and are checked too. The default, ordered
+dQ kernel gives bitwise equal gradients run after run; dQ by TMA reduce-adds (kernel-path
+`dq-reduce`) is as accurate, and under `torch.use_deterministic_algorithms` is not taken.
 
 Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
 """
@@ -116,30 +116,44 @@ def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path
     _check(ir, args, wrt, out, dout, grads)
 
 
-@pytest.mark.parametrize("how", ["option", "torch"])
-def test_deterministic_dq_is_bitwise_reproducible(how: str, folder: Path) -> None:
-    """Five runs of the same backward give bitwise equal gradients with the ordered dQ, and
-    they agree with the default (reduce-add) dQ to rounding."""
+@pytest.mark.parametrize("name", ["rope-causal-d128-bf16", "qknorm-rope-d64-f16", "gemma2-rope-softcap-window-bf16"])
+def test_dq_by_reduce_adds(name: str, folder: Path) -> None:
+    """kernel-path dq-reduce: the dK/dV kernel adds dQ's shares into the workspace itself."""
+    case = CASES[name]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    n = 1024
+    fwd, bwd, wrt = _modules(ir, folder, n, gluon_dq_reduce=True)
+    assert "reduce_dq=not _gl_deterministic()" in Path(bwd.__file__).read_text()
+    args = _inputs(case, n, n)
+    out, dout, grads = _run(fwd, bwd, args)
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["ordered", "reduce-under-torch-deterministic"])
+def test_gradients_are_bitwise_reproducible(reduce: bool, folder: Path) -> None:
+    """Five runs of the same backward give bitwise equal gradients: the default ordered dQ, and
+    a dq-reduce module under `torch.use_deterministic_algorithms(True)` (it then takes the
+    ordered dQ kernel); they agree with the reduce-add dQ to rounding."""
     case = CASES["rope-causal-d128-bf16"]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
     n = 2048
     args = _inputs(case, n, n)
-    fwd, fast, _ = _modules(ir, folder, n)
-    _, _, fast_grads = _run(fwd, fast, args)
-    if how == "option":
-        _, bwd, _ = _modules(ir, folder, n, deterministic=True)
-        runs = [_run(fwd, bwd, args)[2] for _ in range(5)]
-    else:
-        bwd = fast
+    fwd, ordered, _ = _modules(ir, folder, n)
+    _, reducing, _ = _modules(ir, folder, n, gluon_dq_reduce=True)
+    _, _, reduced_grads = _run(fwd, reducing, args)
+    if reduce:
         torch.use_deterministic_algorithms(True)
         try:
-            runs = [_run(fwd, bwd, args)[2] for _ in range(5)]
+            runs = [_run(fwd, reducing, args)[2] for _ in range(5)]
         finally:
             torch.use_deterministic_algorithms(False)
+    else:
+        runs = [_run(fwd, ordered, args)[2] for _ in range(5)]
     for later in runs[1:]:
         for g0, g in zip(runs[0], later, strict=True):
             assert torch.equal(g0, g)
-    for g0, g in zip(runs[0], fast_grads, strict=True):
+    for g0, g in zip(runs[0], reduced_grads, strict=True):
         err = ((g0.double() - g.double()).norm() / g.double().norm()).item()
         assert err < 1e-2

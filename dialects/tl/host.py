@@ -328,12 +328,14 @@ class GluonAttentionOp(_HostOp):
 @irdl_op_definition
 class GluonBackwardOp(_HostOp):
     """`_gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, ...)`: the sm90
-    Gluon backward kernel (`attnfuse/targets/triton/gluon_bwd_sm90.py`, `attn_bwd_sm90`) on a q
-    and k holding their transforms: dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv
-    head's query heads, and, where the host expression `dq` is true, dS·k added into the
-    zeroed fp32 workspace `dq_acc`. P and dS come from the variant's `tl.device_fn`s: `range`
-    (the query blocks a block of keys meets), `full` and `masked` (P and dS of unmasked and
-    masked blocks), which read the host expressions `args`. Operands are host expressions."""
+    Gluon backward kernels (`attnfuse/targets/triton/gluon_bwd_sm90.py`) on a q and k holding
+    their transforms: dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv head's query
+    heads (`attn_bwd_sm90`), and dS·k, unscaled, into the fp32 workspace `dq_acc`: by the
+    ordered dQ kernel (`attn_bwd_dq_sm90`), or, where the host expression `reduce_dq` is true,
+    by TMA reduce-adds from the dK/dV kernel. P and dS come from the variant's `tl.device_fn`s:
+    `range` (the query blocks a block of keys meets), `kv_range` (the key blocks a Q tile
+    meets), `full` and `masked` (P and dS of unmasked and masked blocks), which read the host
+    expressions `args`. Operands are host expressions."""
 
     name = "tl.gluon_backward"
     q = prop_def(StringAttr)
@@ -347,13 +349,15 @@ class GluonBackwardOp(_HostOp):
     dv = prop_def(StringAttr)
     dk_scale = prop_def(FloatAttr[Float64Type])
     range_fn = prop_def(FlatSymbolRefAttr)
+    kv_range_fn = prop_def(FlatSymbolRefAttr)
     full = prop_def(FlatSymbolRefAttr)
     masked = prop_def(FlatSymbolRefAttr)
-    dq = prop_def(StringAttr)
+    reduce_dq = opt_prop_def(StringAttr)
     args = opt_prop_def(ArrayAttr[StringAttr])
     assembly_format = (
         "$q `,` $k `,` $v `,` $dout `,` $lse `,` $delta `->` $dq_acc `,` $dk `,` $dv `scale` $dk_scale"
-        " `range` $range_fn `full` $full `masked` $masked `dq` $dq (`args` $args^)? attr-dict"
+        " `range` $range_fn `kv_range` $kv_range_fn `full` $full `masked` $masked"
+        " (`reduce_dq` $reduce_dq^)? (`args` $args^)? attr-dict"
     )
 
     def __init__(
@@ -361,22 +365,20 @@ class GluonBackwardOp(_HostOp):
         tensors: Sequence[str],
         outputs: Sequence[str],
         dk_scale: float,
-        hooks: tuple[str, str, str],
-        dq: str,
+        hooks: tuple[str, str, str, str],
+        reduce_dq: str | None = None,
         args: Sequence[str] = (),
     ):
         q, k, v, dout, lse, delta = tensors
         dq_acc, dk, dv = outputs
-        props: dict[str, Attribute] = {
-            name: StringAttr(value)
-            for name, value in (
-                ("q", q), ("k", k), ("v", v), ("dout", dout), ("lse", lse), ("delta", delta),
-                ("dq_acc", dq_acc), ("dk", dk), ("dv", dv), ("dq", dq),
-            )
-        }
+        named = (("q", q), ("k", k), ("v", v), ("dout", dout), ("lse", lse), ("delta", delta))
+        named += (("dq_acc", dq_acc), ("dk", dk), ("dv", dv))
+        props: dict[str, Attribute] = {name: StringAttr(value) for name, value in named}
         props["dk_scale"] = FloatAttr(float(dk_scale), f64)
-        for name, ref in zip(("range_fn", "full", "masked"), hooks, strict=True):
+        for name, ref in zip(("range_fn", "kv_range_fn", "full", "masked"), hooks, strict=True):
             props[name] = SymbolRefAttr(ref)
+        if reduce_dq is not None:
+            props["reduce_dq"] = StringAttr(reduce_dq)
         if args:
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
         super().__init__(properties=props)

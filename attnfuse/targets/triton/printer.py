@@ -211,7 +211,7 @@ class TritonPrinter:
                 refs = (
                     (op.range_fn, op.score_full, op.score_masked)
                     if isinstance(op, tl.GluonAttentionOp)
-                    else (op.range_fn, op.full, op.masked)
+                    else (op.range_fn, op.kv_range_fn, op.full, op.masked)
                 )
                 for ref in refs:
                     if ref is not None and ref.string_value() not in functions:
@@ -452,10 +452,12 @@ def _gluon_bwd_args(h: tl.GluonBackwardOp) -> str:
     """The arguments of `_gluon_backward` for a `tl.gluon_backward`."""
     args = [a.data for a in (h.q, h.k, h.v, h.dout, h.lse, h.delta, h.dq_acc, h.dk, h.dv)]
     args.append(repr(h.dk_scale.value.data))
-    args.append(f"({', '.join(f.string_value() for f in (h.range_fn, h.full, h.masked))})")
+    hooks = (h.range_fn, h.kv_range_fn, h.full, h.masked)
+    args.append(f"({', '.join(f.string_value() for f in hooks)})")
     if h.args is not None:
         args.append(f"xargs=({', '.join(_host_args([a.data for a in h.args]))},)")
-    args.append(f"dq={h.dq.data}")
+    if h.reduce_dq is not None:
+        args.append(f"reduce_dq={h.reduce_dq.data}")
     return ", ".join(args)
 
 

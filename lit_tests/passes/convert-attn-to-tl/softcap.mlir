@@ -1,13 +1,14 @@
 // Softcap, cap·tanh(s / cap), in the generic kernel: by the approximate tanh instruction where
 // kernel-path chose it (tanh=approx, bf16/f16 for a GPU), in the forward and in both backward
 // kernels that recompute the scores; else as cap·(2·sigmoid(2s/cap) - 1) (tanh=auto keeps the
-// approximate instruction for the Gluon kernel; the interpreter never gets it).
+// approximate instruction for the Gluon kernels, forward and backward; the interpreter never
+// gets it).
 
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 tanh=approx}' | filecheck %s --check-prefix=FWD
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 tanh=approx}' | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80}' | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=80 tanh=approx backward=true}' | filecheck %s --check-prefix=BWD
-// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 backward=true}' | filecheck %s --check-prefix=EXACT
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 backward=true}' | filecheck %s --check-prefix=GLUONBWD
 
 func.func @f(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x64xbf16>) -> tensor<?x4x?x64xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x64xbf16>, tensor<?x2x?x64xbf16> -> !attn.scores<4>
@@ -38,3 +39,17 @@ func.func @f(%q: tensor<?x4x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x
 // EXACT-NOT:   tl.fast_tanh
 // EXACT:       tl.sigmoid
 // EXACT-NOT:   tl.fast_tanh
+
+// The sm90 backward: its generic fallback kernels keep the exact form, the Gluon backward's P
+// and dS functions take the instruction.
+// GLUONBWD:      tl.kernel @attn_bwd_dkdv(
+// GLUONBWD-NOT:  tl.fast_tanh
+// GLUONBWD:      tl.sigmoid
+// GLUONBWD-NOT:  tl.fast_tanh
+// GLUONBWD:      tl.device_fn @gluon_bwd_full(
+// GLUONBWD-NOT:  tl.sigmoid
+// GLUONBWD:      tl.fast_tanh
+// GLUONBWD:      tl.device_fn @gluon_bwd_masked(
+// GLUONBWD-NOT:  tl.sigmoid
+// GLUONBWD:      tl.fast_tanh
+// GLUONBWD:      tl.launcher

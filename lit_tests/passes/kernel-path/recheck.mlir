@@ -72,3 +72,14 @@ func.func @ok(%q: tensor<?x2x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor
   %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x128xbf16> -> tensor<?x2x?x128xbf16>
   func.return %o : tensor<?x2x?x128xbf16>
 }
+
+// -----
+
+// dQ by reduce-adds is the Gluon backward's option: a forward does not take it.
+// CHECK:  func @fwd_reduce: attn.kernel_path dq = "reduce": only a backward on "gluon-sm90" takes dq = "reduce"
+func.func @fwd_reduce(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, dq = "reduce"}, attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
+  %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
+  %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
+  %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x64xf16> -> tensor<?x2x?x64xf16>
+  func.return %o : tensor<?x2x?x64xf16>
+}

@@ -1,0 +1,74 @@
+// A backward function kernel-path gave the sm90 Gluon backward: the launcher chooses per call
+// between the Gluon kernels (dK/dV, then the ordered dQ; on the pre-rotated q and k) with the
+// kernels that finish dQ and dK from their fp32 workspaces, and the generic dK/dV and dQ
+// kernels. The variant's P and dS reach the Gluon kernels as device functions.
+
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true gluon-dq-reduce=true}' | filecheck %s --check-prefix=REDUCE
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true gluon=false}' | filecheck %s --check-prefix=OFF
+
+// Qwen3 (QK-norm with learned weights, RoPE, causal, GQA): Q's and K's chains' derivatives run
+// in attn_bwd_dq_acc and attn_bwd_dk_acc, which also write the weights' gradient shares in the
+// generic kernels' numbering (one buffer per weight whichever path ran).
+// CHECK:       tl.kernel @attn_bwd_dkdv(
+// CHECK:       tl.kernel @attn_bwd_dq(
+// CHECK:       tl.kernel @attn_bwd_dq_acc(%DQ_ACC: !tl.ptr<f32>
+// CHECK:       tl.kernel @attn_bwd_dk_acc(%DK_ACC: !tl.ptr<f32>
+// CHECK:       tl.device_fn @gluon_bwd_range(%k_lo: i32, %k_hi: i32, %NQ: i32)
+// CHECK:       tl.device_fn @gluon_bwd_kv_range(%q_lo: i32, %q_hi: i32, %NK: i32)
+// CHECK:       tl.device_fn @gluon_bwd_full(%s: !tl.tile<f32>, %dp: !tl.tile<f32>, %lse2: !tl.tile<f32>, %delta: !tl.tile<f32>, %q_idx: !tl.tile<i32>, %kv_idx: !tl.tile<i32>, %off_hz: i32)
+// CHECK-NOT:   tl.where
+// CHECK:       tl.return
+// CHECK:       tl.device_fn @gluon_bwd_masked(
+// CHECK:       %causal = tl.cmp "<=" %kv_idx, %q_idx
+// CHECK:       tl.return
+// CHECK:       tl.launcher "launch"(["q", "k", "v", "wq", "wk", "out_5", "lse_6", "dout_7"]) {
+// CHECK:         tl.alloc "grad_4_part" shape ["(_cdiv(k.shape[2], 128)) * (k.shape[0] * 2)", "128"]
+// CHECK:         tl.alloc "grad_3_part" shape ["(q.shape[0] * 8) * (_cdiv(q.shape[2], 128))", "128"]
+// CHECK:         tl.call "rotate_k"
+// CHECK-NEXT:    tl.host_if "_gluon_bwd_fits(q_rot, k_rot, v, dout_7, lse_6, 2048)" {
+// CHECK-NEXT:      tl.alloc "dq_acc" shape ["q.shape[0]", "8", "q.shape[2]", "128"] dtype "torch.float32"
+// CHECK-NEXT:      tl.alloc "dk_acc" shape ["k.shape[0]", "2", "k.shape[2]", "128"] dtype "torch.float32"
+// CHECK-NEXT:      tl.gluon_backward "q_rot", "k_rot", "v", "dout_7", "lse_6", "delta" -> "dq_acc", "dk_acc", "dv" scale 0.088388347648318433 range @gluon_bwd_range kv_range @gluon_bwd_kv_range full @gluon_bwd_full masked @gluon_bwd_masked
+// CHECK-NEXT:      tl.call "attn_bwd_dq_acc" grid ["q.shape[0] * 8", "_cdiv(q.shape[2], 128)"]
+// CHECK-NEXT:      tl.call "attn_bwd_dk_acc" grid ["_cdiv(k.shape[2], 128)", "k.shape[0] * 2"]
+// CHECK-NEXT:    } else {
+// CHECK-NEXT:      tl.call "attn_bwd_dkdv"
+// CHECK-NEXT:      tl.call "attn_bwd_dq"
+// CHECK-NEXT:    }
+// CHECK-NEXT:    tl.host_sum "grad_3" = "grad_3_part"
+// CHECK-NEXT:    tl.host_sum "grad_4" = "grad_4_part"
+// OFF-NOT:     gluon
+func.func @qwen(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %wq: tensor<128xf32>, %wk: tensor<128xf32>) -> tensor<?x8x?x128xbf16> {
+  %qn = attn.norm %q eps = 1.0e-06 weight(%wq : tensor<128xf32>) : tensor<?x8x?x128xbf16>
+  %qr = attn.rope %qn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
+  %kn = attn.norm %k eps = 1.0e-06 weight(%wk : tensor<128xf32>) : tensor<?x2x?x128xbf16>
+  %kr = attn.rope %kn half theta = 1000000.0 rotary_dim = 128 : tensor<?x2x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// No Q or K transforms, ALiBi (an extra tensor the functions read) and a sink (its gradient
+// from attn_bwd_pre): the Gluon kernel writes dK itself; with dq-reduce its dK/dV kernel adds
+// dQ's shares into the workspace, unless PyTorch asks for deterministic algorithms.
+// CHECK:       tl.device_fn @gluon_bwd_full(%s: !tl.tile<f32>, {{.*}}, %off_hz: i32, %sl: !tl.ptr<f32>, %stride_sl: i32)
+// CHECK:       tl.host_if "_gluon_bwd_fits(q, k, v, dout_7, lse_6, 2048)" {
+// CHECK-NEXT:      tl.alloc "dq_acc"
+// CHECK-NEXT:      tl.gluon_backward "q", "k", "v", "dout_7", "lse_6", "delta" -> "dq_acc", "dk", "dv" scale 1.250000e-01 range @gluon_bwd_range kv_range @gluon_bwd_kv_range full @gluon_bwd_full masked @gluon_bwd_masked args ["sl", "sl.stride(0)"]
+// CHECK-NEXT:      tl.call "attn_bwd_dq_acc"
+// CHECK-NEXT:    } else {
+// REDUCE:      tl.gluon_backward "q_rot", {{.*}} masked @gluon_bwd_masked reduce_dq "not _gl_deterministic()"
+// REDUCE:      tl.gluon_backward "q", {{.*}} masked @gluon_bwd_masked reduce_dq "not _gl_deterministic()" args ["sl", "sl.stride(0)"]
+func.func @alibi(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>, %v: tensor<?x8x?x64xf16>, %sl: tensor<8xf32>, %sk: tensor<8xf32>) -> tensor<?x8x?x64xf16> {
+  %s = attn.qk %q, %k : tensor<?x8x?x64xf16>, tensor<?x8x?x64xf16> -> !attn.scores<8>
+  %b = attn.bias %s alibi(%sl : tensor<8xf32>) : !attn.scores<8>
+  %m = attn.mask %b causal : !attn.scores<8>
+  %p = attn.softmax %m sink(%sk : tensor<8xf32>) : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x8x?x64xf16> -> tensor<?x8x?x64xf16>
+  func.return %o : tensor<?x8x?x64xf16>
+}

@@ -1,0 +1,140 @@
+"""The sm90 Gluon backward (`attnfuse/targets/triton/gluon_bwd_sm90.py`) without a GPU: generated
+backward modules launch its dK/dV and dQ kernels with the variant's functions, and both compile
+for sm 90 (Triton's own compiler and ptxas, no driver) within Hopper's shared memory, with
+asynchronous wgmma, TMA loads and per-partition register budgets; dQ by TMA reduce-adds only
+where asked for. Its per-call check accepts exactly the calls it covers. Its gradients are
+test_gpu_gluon_bwd.py's (on the H200)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_harness import CUSTOM_MASK, compile_for_sm90, variant
+
+from attnfuse.cache import load_source
+from attnfuse.compiler import compile_module
+from attnfuse.ir import parse_module
+from attnfuse.targets.triton import gluon_bwd_sm90
+from attnfuse.targets.triton.printer import GLUON_BWD_FILES, gluon_source
+
+HOPPER_SMEM = 227 * 1024
+ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = %d"
+NORM = "attn.norm {x} eps = 1.0e-06 weight(%w{W} : tensor<%dxf32>)"
+
+
+class _Capture:
+    """Stands in for a Gluon kernel: records the arguments of `kernel[grid](...)` calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __getitem__(self, grid: tuple):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+# name -> (dtype, head dim, q/k ops, score ops, softmax, extras, dq-reduce)
+CASES = {
+    "qknorm-rope-causal-d128-bf16": (
+        torch.bfloat16,
+        128,
+        [NORM, ROPE],
+        ["attn.mask {s} causal"],
+        "",
+        ["%wq: tensor<128xf32>", "%wk: tensor<128xf32>"],
+        False,
+    ),
+    "softcap-window-d64-f16": (
+        torch.float16,
+        64,
+        [],
+        ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
+        "",
+        [],
+        False,
+    ),
+    "alibi-causal-sink-d128-bf16": (
+        torch.bfloat16,
+        128,
+        [],
+        ["attn.bias {s} alibi(%sl : tensor<8xf32>)", "attn.mask {s} causal"],
+        "sink(%sk : tensor<8xf32>)",
+        ["%sl: tensor<8xf32>", "%sk: tensor<8xf32>"],
+        False,
+    ),
+    "custom-mask-d64-bf16": (torch.bfloat16, 64, [], [CUSTOM_MASK], "", ["%t: tensor<?xi32>"], False),
+    "rope-causal-d128-bf16-dq-reduce": (torch.bfloat16, 128, [ROPE], ["attn.mask {s} causal"], "", [], True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> None:
+    dtype, d, chain, score_ops, softmax, extras, reduce = CASES[name]
+    q_ops = [c.replace("%d", str(d)).replace("{W}", "q") for c in chain]
+    k_ops = [c.replace("%d", str(d)).replace("{W}", "k") for c in chain]
+    ir = variant(
+        dtype=dtype, hq=8, hkv=2, d=d, q_ops=q_ops, k_ops=k_ops, score_ops=score_ops, softmax=softmax, extras=extras
+    )
+    source = compile_module(
+        parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2), gluon_dq_reduce=reduce
+    ).source
+    assert gluon_source(GLUON_BWD_FILES) in source
+    module = load_source(source, tmp_path, interpret=False)
+    kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
+    real = {k: getattr(module, k) for k in kernels}
+    for k, capture in kernels.items():
+        setattr(module, k, capture)
+    module._gluon_bwd_fits = lambda *args: True
+    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    q = torch.zeros(1, 8, 256, d, dtype=dtype)
+    k, v = torch.zeros(1, 2, 256, d, dtype=dtype), torch.zeros(1, 2, 256, d, dtype=dtype)
+    values = {
+        "%wq": torch.ones(d),
+        "%wk": torch.ones(d),
+        "%sl": torch.ones(8),
+        "%sk": torch.zeros(8),
+        "%t": torch.zeros(256, dtype=torch.int32),
+    }
+    args = [values[e.split(":")[0]] for e in extras]
+    module.launch(q, k, v, *args, torch.zeros_like(q), torch.zeros(1, 8, 256), torch.zeros_like(q))
+    (dkdv_args, dkdv_kwargs), = kernels["attn_bwd_sm90"].calls
+    assert dkdv_kwargs["DQ"] is reduce and dkdv_kwargs["RANGE"] is module.gluon_bwd_range
+    assert dkdv_kwargs["HOOK_MASKED"] is module.gluon_bwd_masked
+    assert len(kernels["attn_bwd_dq_sm90"].calls) == (0 if reduce else 1)
+    binary = compile_for_sm90(real["attn_bwd_sm90"], dkdv_args, dkdv_kwargs, num_warps=dkdv_kwargs["num_warps"])
+    ptx = binary.asm["ptx"]
+    assert 0 < binary.metadata.shared <= HOPPER_SMEM
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+    assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
+    if not reduce:
+        (dq_args, dq_kwargs), = kernels["attn_bwd_dq_sm90"].calls
+        assert dq_kwargs["RANGE"] is module.gluon_bwd_kv_range
+        binary = compile_for_sm90(real["attn_bwd_dq_sm90"], dq_args, dq_kwargs, num_warps=dq_kwargs["num_warps"])
+        ptx = binary.asm["ptx"]
+        assert 0 < binary.metadata.shared <= HOPPER_SMEM
+        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+        assert "cp.reduce.async.bulk" not in ptx and "atom.global" not in ptx and "red.global" not in ptx  # ordered
+
+
+def _tensors(nq: int, nk: int, offset: int = 0, contiguous: bool = True) -> list[torch.Tensor]:
+    flat = torch.zeros(8 * nq * 64 + offset, dtype=torch.float16)
+    q = flat[offset:].view(1, 8, nq, 64)
+    k, v = (torch.zeros(1, 2, nk, 64, dtype=torch.float16) for _ in range(2))
+    dout = torch.zeros(1, 8, nq, 64, dtype=torch.float16)
+    if not contiguous:
+        dout = torch.zeros(1, nq, 8, 64, dtype=torch.float16).transpose(1, 2)
+    return [q, k, v, dout, torch.zeros(1, 8, nq)]
+
+
+@pytest.mark.parametrize(
+    "nq,nk,offset,contiguous,fits",
+    [
+        (2048, 2048, 0, True, True),
+        (1024, 1024, 0, True, False),  # below min_len
+        (2000, 2000, 0, True, False),  # not a multiple of 128
+        (2048, 4096, 0, True, False),  # Nq != Nk
+        (2048, 2048, 4, True, False),  # q not 16-byte aligned
+        (2048, 2048, 0, False, False),  # dout not contiguous
+    ],
+)
+def test_gluon_bwd_fits(nq: int, nk: int, offset: int, contiguous: bool, fits: bool) -> None:
+    assert gluon_bwd_sm90._gluon_bwd_fits(*_tensors(nq, nk, offset, contiguous), 2048) is fits
