@@ -6,7 +6,8 @@ gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-p
 
     python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
 
-Writes DIR/backward_ab.md and .json. TFLOP/s count 2.5x the causal forward's 2 B Hq N^2 D.
+Writes DIR/backward_ab.md and .json. TFLOP/s count 2.5x the forward's 4 B Hq D per kept
+(query, key) pair: N(N+1)/2 pairs under a causal mask, wN - w(w-1)/2 under a window of w.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from attnfuse.ir import parse_module  # noqa: E402
 ROPE = "attn.rope {x} half theta = 500000.0 rotary_dim = {D}"
 NORM = "attn.norm {x} eps = 1.0e-06"
 CAUSAL = "attn.mask {s} causal"
+WINDOWS = {"window_softcap": 1024}
+"""The variants' window (the others are causal)."""
 SHAPES = {"llama": (1, 32, 8, 128, torch.bfloat16), "paper": (4, 12, 12, 64, torch.float16)}
 VARIANTS = {
     "causal": dict(score_ops=[CAUSAL]),
@@ -89,7 +92,9 @@ def main() -> None:
                     for label in ("gluon", "reduce")
                     for a, r in zip(grads[label], grads["generic"], strict=True)
                 ]
-                flops = 2.5 * 2 * b * hq * n * n * d
+                w = WINDOWS.get(name)
+                pairs = n * (n + 1) / 2 if w is None else w * n - w * (w - 1) / 2
+                flops = 2.5 * 4 * b * hq * d * pairs
                 tf = {k2: flops / (t * 1e-3) / 1e12 for k2, t in times.items()}
                 ok = max(errs) <= 2e-2
                 rows.append(dict(shape=shape, variant=name, n=n, ms=times, tflops=tf, max_rel_diff=max(errs), ok=ok))
