@@ -7,11 +7,15 @@ against the same model on PyTorch's attention backends, in one process.
 - `train`: one training step of Llama-3-8B (the released config, random weights, bf16, fused
   AdamW, batch 1, no activation checkpointing) at each N: forward with labels, backward,
   optimizer step. Median step time over 5 steps after 2 warm-up steps, and the peak memory,
-  for SDPA cuDNN, SDPA flash, flex_attention (transformers' "flex_attention", compiled afresh for
-  each N with static shapes: `static_flex`) and AttnFuse (the
-  model patched by `apply`), all on the same weights; the first step's loss is compared across
-  them (use_cache=False: no KV cache is filled in training).
-- `qwen`: the same step for Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN.
+  for SDPA cuDNN (the stock model; with Liger-Kernel's fused RoPE, `sdpa_cudnn+liger_rope`, what
+  `apply_liger_kernel_to_llama(rope=True)` patches in, nothing else of Liger's; with the model's
+  own RoPE compiled per shape, `sdpa_cudnn+compiled_rope`), SDPA flash, flex_attention
+  (transformers' "flex_attention", compiled afresh for each N with static shapes: `static_flex`)
+  and AttnFuse (the model patched by `apply`), all on the same weights; the first step's loss is
+  compared across them (use_cache=False: no KV cache is filled in training). A peer whose
+  package is missing (liger-kernel) is a row with its error.
+- `qwen`: the same step for Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN and
+  its RoPE peers.
 - `infer`: `generate()` of Llama-3-8B bf16, greedy, prompt lengths 1024 and 8192: prefill (time
   to the first new token) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
   default backend choice), and how many new tokens agree before the first that differs (random
@@ -26,6 +30,7 @@ Writes DIR/hf.json (rows and environment) and DIR/hf.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -108,17 +113,53 @@ def make_model(kind: str, cfg: dict[str, Any], impl: str, dtype: torch.dtype, de
     return model.train()
 
 
+ROPE_PEERS = ("liger_rope", "compiled_rope")
+"""What a peer row's name may add after `+`: the RoPE it runs instead of the model's eager one."""
+
+
+@contextlib.contextmanager
+def rope_peer(name: str) -> Any:
+    """For a row `<backend>+liger_rope` or `<backend>+compiled_rope`, the Llama and Qwen3 modules'
+    `apply_rotary_pos_emb` replaced by Liger-Kernel's fused RoPE (as
+    `apply_liger_kernel_to_llama(rope=True)` / `_to_qwen3(rope=True)` do) or by the model's own
+    compiled for static shapes (dynamo reset first, so each N gets its own kernel); restored after.
+    Other rows: unchanged."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen3 import modeling_qwen3
+
+    modules = (modeling_llama, modeling_qwen3)
+    saved = [m.apply_rotary_pos_emb for m in modules]
+    peer = name.partition("+")[2]
+    if peer == "liger_rope":
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+        new = [liger_rotary_pos_emb] * len(modules)
+    elif peer == "compiled_rope":
+        torch._dynamo.reset()
+        new = [torch.compile(f, dynamic=False) for f in saved]
+    elif peer:
+        raise ValueError(f"unknown peer '{peer}' in row {name!r}: expected one of {ROPE_PEERS}")
+    else:
+        new = saved
+    for m, f in zip(modules, new, strict=True):
+        m.apply_rotary_pos_emb = f
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, saved, strict=True):
+            m.apply_rotary_pos_emb = f
+
+
 def backend_context(name: str) -> Any:
     """The SDPA backend a row runs under (a no-op for the others)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    name = name.partition("+")[0]
     backends = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
     if name in backends:
         return sdpa_kernel(backends[name])
     if name == "sdpa_math":
         return sdpa_kernel(SDPBackend.MATH)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -159,7 +200,7 @@ def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: in
     if fused:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with backend_context(name):
+    with backend_context(name), rope_peer(name):
         for i in range(warmup + steps):
             t0 = time.perf_counter()
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -178,7 +219,11 @@ def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: in
 
 def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
     dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
-    names = ["sdpa_math", "attnfuse"] if args.cpu_smoke else ["sdpa_cudnn", "sdpa_flash", "flex", "attnfuse"]
+    names = (
+        ["sdpa_math", "attnfuse"]
+        if args.cpu_smoke
+        else ["sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "sdpa_flash", "flex", "attnfuse"]
+    )
     cfg = TINY if args.cpu_smoke else LLAMA3_8B
     model = make_model("llama", cfg, "sdpa", dtype, device)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -213,10 +258,13 @@ def part_qwen(args: argparse.Namespace, rows: list[dict]) -> None:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     n = args.ns[0]
     ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
-    for name in ["sdpa_cudnn", "attnfuse"]:
+    for name in ["sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "attnfuse"]:
         model.load_state_dict(state)
         model = use(model, name)
-        r = train_steps(model, ids, name, args.steps, args.warmup)
+        try:
+            r = train_steps(model, ids, name, args.steps, args.warmup)
+        except Exception as e:  # a peer that cannot run (liger-kernel missing) is recorded
+            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append({"part": "train", "model": "qwen3-8b", "n": n, "impl": name, **r})
         C.log(str(rows[-1]))
     del model
@@ -319,17 +367,22 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     train = [r for r in rows if r["part"] == "train"]
     if train:
         lines += ["## Training step (batch 1, bf16, fused AdamW)", "",
-                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in train:
+                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn | step vs sdpa_cudnn+liger_rope |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+        def ratio(r: dict, impls: tuple[str, ...]) -> str:
+            """Peer step ms / this row's (> 1: this row is faster)."""
             ref = next((x for x in train if x["model"] == r["model"] and x["n"] == r["n"]
-                        and x["impl"] in ("sdpa_cudnn", "sdpa_math") and "step_ms" in x), None)  # fmt: skip
+                        and x["impl"] in impls and "step_ms" in x), None)  # fmt: skip
+            return f"{ref['step_ms'] / r['step_ms']:.3f}x" if ref else ""
+
+        for r in train:
             if "step_ms" not in r:
-                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | |")
+                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | | |")
                 continue
-            ratio = f"{ref['step_ms'] / r['step_ms']:.3f}x" if ref else ""
             peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else ""
-            cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, f"{r['first_loss']:.4f}", ratio]
+            cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, f"{r['first_loss']:.4f}"]
+            cells += [ratio(r, ("sdpa_cudnn", "sdpa_math")), ratio(r, ("sdpa_cudnn+liger_rope",))]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines.append("")
     infer = [r for r in rows if r["part"] == "infer"]
