@@ -367,7 +367,8 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     train = [r for r in rows if r["part"] == "train"]
     if train:
         lines += ["## Training step (batch 1, bf16, fused AdamW)", "",
-                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn | step vs sdpa_cudnn+liger_rope |",
+                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn "
+                  "| step vs sdpa_cudnn+liger_rope |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
         def ratio(r: dict, impls: tuple[str, ...]) -> str:

@@ -79,7 +79,7 @@ class GluonBackwardLowering(BackwardLowering):
         if len(segments) == 3:
             lo, f_lo, f_hi, hi = segments[0][0], segments[1][0], segments[1][1], segments[2][1]
         else:
-            (lo, hi, masked), = segments
+            ((lo, hi, masked),) = segments
             f_lo, f_hi = (hi, hi) if masked else (lo, hi)
         p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
         return self.device_fn("gluon_bwd_range", p)
@@ -173,8 +173,9 @@ class GluonBackwardLowering(BackwardLowering):
 
         pos = self.positions(kb, p, side.chain, offs, b_off, offs, ok)
         g = chain_grad(self, kb, p, side, g, load, pos, ok, rows, program, which)
-        out = self.typed_tensor(p, which.upper(), which, side.dtype)
-        self.store_tile(kb, out, self.base(kb, out, b_off, h_off), m_off, rows, ok, self.d, kb.cast(g, side.dtype))
+        dtype = self.dtype if is_q else self.kdtype
+        out = self.typed_tensor(p, which.upper(), which, dtype)
+        self.store_tile(kb, out, self.base(kb, out, b_off, h_off), m_off, rows, ok, self.d, kb.cast(g, dtype))
         p.block.add_op(tl.ReturnOp())
         blocks = f"_cdiv({host}.shape[2], {self.block_m})"
         grid = [f"{host}.shape[0] * {heads}", blocks] if is_q else [blocks, f"{host}.shape[0] * {heads}"]
@@ -200,13 +201,20 @@ class GluonBackwardLowering(BackwardLowering):
         q_in = "q_rot" if "rotate_q" in generic else q
         k_in = "k_rot" if "rotate_k" in generic else k
         then: list[Operation] = [
-            tl.AllocOp("dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)], "torch.float32",
-                       f"{q}.device")
+            tl.AllocOp(
+                "dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)], "torch.float32", f"{q}.device"
+            )
         ]
         dk_out = "dk"
         if "attn_bwd_dk_acc" in acc:
-            then.append(tl.AllocOp("dk_acc", [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
-                                   "torch.float32", f"{k}.device"))
+            then.append(
+                tl.AllocOp(
+                    "dk_acc",
+                    [f"{k}.shape[0]", str(self.hkv), f"{k}.shape[2]", str(self.d)],
+                    "torch.float32",
+                    f"{k}.device",
+                )
+            )
             dk_out = "dk_acc"
         then.append(
             tl.GluonBackwardOp(

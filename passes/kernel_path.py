@@ -63,7 +63,17 @@ from typing import Literal, get_args
 
 from xdsl.context import Context
 from xdsl.dialects import math
-from xdsl.dialects.builtin import BFloat16Type, DenseArrayBase, DictionaryAttr, Float16Type, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    DenseArrayBase,
+    DictionaryAttr,
+    Float16Type,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    i64,
+)
+from xdsl.ir import Attribute
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -245,24 +255,27 @@ class KernelPathPass(ModulePass):
         sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
-            v = analyse(f)
-            transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
-            min_len = self.min_len_transformed if transformed else self.min_len
-            reason = (
-                gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims))
-                if self.gluon
-                else "disabled (gluon=false)"
-            )
-            if reason is None:
-                entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
-                if v.is_backward and self.dq_reduce:
-                    entry["dq"] = StringAttr("reduce")
-            else:
-                entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
-            half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
-            if sm > 0 and half and computes_tanh(f):
-                if self.tanh == "approx":
-                    entry["tanh"] = StringAttr("approx")
-                elif self.tanh == "auto" and reason is None:
-                    entry["tanh"] = StringAttr("approx-gluon")
+            entry = self.entry(analyse(f), sm, seq_len)
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)
+
+    def entry(self, v: AttentionChains, sm: int, seq_len: int) -> dict[str, Attribute]:
+        """The `attn.kernel_path` entries of function `v` (see the class docstring)."""
+        transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
+        min_len = self.min_len_transformed if transformed else self.min_len
+        reason = (
+            gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims)) if self.gluon else "disabled (gluon=false)"
+        )
+        entry: dict[str, Attribute]
+        if reason is None:
+            entry = {"path": StringAttr(GLUON), "min_len": IntegerAttr(min_len, i64)}
+            if v.is_backward and self.dq_reduce:
+                entry["dq"] = StringAttr("reduce")
+        else:
+            entry = {"path": StringAttr(TRITON), "reason": StringAttr(reason)}
+        half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
+        if sm > 0 and half and computes_tanh(v.func):
+            if self.tanh == "approx":
+                entry["tanh"] = StringAttr("approx")
+            elif self.tanh == "auto" and reason is None:
+                entry["tanh"] = StringAttr("approx-gluon")
+        return entry

@@ -96,7 +96,7 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     }
     args = [values[e.split(":")[0]] for e in extras]
     module.launch(q, k, v, *args, torch.zeros_like(q), torch.zeros(1, 8, 256), torch.zeros_like(q))
-    (dkdv_args, dkdv_kwargs), = kernels["attn_bwd_sm90"].calls
+    ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
     assert dkdv_kwargs["DQ"] is reduce and dkdv_kwargs["RANGE"] is module.gluon_bwd_range
     assert dkdv_kwargs["HOOK_MASKED"] is module.gluon_bwd_masked
     assert len(kernels["attn_bwd_dq_sm90"].calls) == (0 if reduce else 1)
@@ -106,7 +106,7 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
     if not reduce:
-        (dq_args, dq_kwargs), = kernels["attn_bwd_dq_sm90"].calls
+        ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
         assert dq_kwargs["RANGE"] is module.gluon_bwd_kv_range
         binary = compile_for_sm90(real["attn_bwd_dq_sm90"], dq_args, dq_kwargs, num_warps=dq_kwargs["num_warps"])
         ptx = binary.asm["ptx"]

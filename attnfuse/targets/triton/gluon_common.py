@@ -29,9 +29,9 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
 # Python that a static type checker can follow; pyright skips this file.
 
+from triton._C.libtriton import ir as _gl_ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton._C.libtriton import ir as _gl_ir
 from triton.experimental.gluon.language._core import builtin as _gl_builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 

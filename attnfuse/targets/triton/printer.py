@@ -226,7 +226,9 @@ class TritonPrinter:
             self.out.write("\n\n# The sm90 Gluon attention kernel (attnfuse/targets/triton/gluon_*.py: GLUON_FILES).\n")
             self.out.write(gluon_source())
         if any(isinstance(op, tl.GluonBackwardOp) for op in module.walk()):
-            self.out.write("\n\n# The sm90 Gluon backward kernel (attnfuse/targets/triton/gluon_*.py: GLUON_BWD_FILES).\n")
+            self.out.write(
+                "\n\n# The sm90 Gluon backward kernel (attnfuse/targets/triton/gluon_*.py: GLUON_BWD_FILES).\n"
+            )
             self.out.write(gluon_source(GLUON_BWD_FILES))
         for op in module.ops:
             self.out.write("\n\n")
