@@ -29,7 +29,6 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
 # Python that a static type checker can follow; pyright skips this file.
 
-from triton._C.libtriton import ir as _gl_ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin as _gl_builtin
@@ -138,5 +137,7 @@ def _gl_pass_turn(turn_bars, WG: gl.constexpr):
 def _gl_tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile `src` into the block of `tensor_desc` at `coord`, by TMA
     (asynchronous: `tma.store_wait` waits until `src` may be overwritten)."""
+    from triton._C.libtriton import ir  # here: generated modules carry this file from its gluon imports on
+
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(_gl_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
