@@ -31,7 +31,7 @@ from attnfuse.passes.backward_to_tl import BackwardLowering, Side
 from attnfuse.passes.kernel_lowering import ScoreCtx
 from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq, uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_segments, q_segments
-from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, erase_dead
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
 
@@ -42,6 +42,8 @@ class GluonBackwardLowering(BackwardLowering):
     def __init__(self, chains: AttentionChains, arg_names: list[str]):
         super().__init__(chains, arg_names)
         self.gluon_fast_tanh = uses_approx_tanh(chains.func, gluon=True)
+        self.xargs: list[str] = []
+        """Host expressions for the P/dS functions' extra arguments (`hooks` sets them)."""
         if not (self.need_dq and self.need_dk and self.need_dv):
             raise DiagnosticException(
                 f"func @{chains.func.sym_name.data}: the Gluon backward computes dq, dk and dv together; "
@@ -82,7 +84,7 @@ class GluonBackwardLowering(BackwardLowering):
             ((lo, hi, masked),) = segments
             f_lo, f_hi = (hi, hi) if masked else (lo, hi)
         p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
-        return self.device_fn("gluon_bwd_range", p)
+        return device_fn_op("gluon_bwd_range", p)
 
     def kv_range_fn(self) -> tl.DeviceFnOp:
         """`gluon_bwd_kv_range(q_lo, q_hi, NK)`: the keys some query of positions [q_lo, q_hi]
@@ -95,7 +97,7 @@ class GluonBackwardLowering(BackwardLowering):
         lo, hi = segments[0][0], segments[-1][1]
         f_lo, f_hi = (segments[1][0], segments[1][1]) if len(segments) == 3 else (hi, hi)
         p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
-        return self.device_fn("gluon_bwd_kv_range", p)
+        return device_fn_op("gluon_bwd_kv_range", p)
 
     def block_fn(self, name: str, masked: bool, like: Params | None) -> tuple[tl.DeviceFnOp, Params]:
         """`name(s, dp, lse2, delta, q_idx, kv_idx, off_hz, *extras) -> (p, ds)` on a
@@ -126,12 +128,7 @@ class GluonBackwardLowering(BackwardLowering):
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked function does not")
         p.block.add_op(tl.ReturnOp(pr, ds))
-        return self.device_fn(name, p), p
-
-    @staticmethod
-    def device_fn(name: str, p: Params) -> tl.DeviceFnOp:
-        erase_dead(p.block)
-        return tl.DeviceFnOp(name, p.block)
+        return device_fn_op(name, p), p
 
     # ------------------------------------------------------------------ the workspaces' kernels
     def acc_kernel(self, side: Side) -> KernelCall:

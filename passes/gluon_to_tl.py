@@ -27,7 +27,7 @@ from attnfuse.passes.forward_to_tl import ForwardLowering
 from attnfuse.passes.kernel_lowering import ScoreCtx
 from attnfuse.passes.kernel_path import GLUON_BLOCK, gluon_rotates_q, kernel_path, uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_segments
-from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op, erase_dead
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
 
@@ -133,7 +133,7 @@ class GluonLowering(ForwardLowering):
         lo, hi = segments[0][0], segments[-1][1]
         f_lo, f_hi = (segments[1][0], segments[1][1]) if len(segments) == 3 else (hi, hi)
         p.block.add_op(tl.ReturnOp(lo, f_lo, f_hi, hi))
-        return self.device_fn("gluon_kv_range", p)
+        return device_fn_op("gluon_kv_range", p)
 
     def gluon_score_fn(self, name: str, masked: bool, like: Params | None) -> tuple[tl.DeviceFnOp, Params]:
         """`name(s, q_idx, kv_idx, off_hz, *extras)`: the score ops on a block of scores `s`
@@ -158,12 +158,7 @@ class GluonLowering(ForwardLowering):
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")
         p.block.add_op(tl.ReturnOp(out))
-        return self.device_fn(name, p), p
-
-    @staticmethod
-    def device_fn(name: str, p: Params) -> tl.DeviceFnOp:
-        erase_dead(p.block)
-        return tl.DeviceFnOp(name, p.block)
+        return device_fn_op(name, p), p
 
     # ------------------------------------------------------------------ the launcher
     def main_launch(self, generic: tl.CallOp) -> Operation:

@@ -60,6 +60,13 @@ def erase_dead(block: Block) -> None:
             block.erase_op(op)
 
 
+def device_fn_op(name: str, p: Params) -> tl.DeviceFnOp:
+    """A `tl.device_fn` holding the built body, its unused values dropped (the functions the
+    sm90 Gluon kernels call)."""
+    erase_dead(p.block)
+    return tl.DeviceFnOp(name, p.block)
+
+
 def kernel_op(name: str, p: Params) -> tl.KernelOp:
     """A `tl.kernel` holding the built body (with the arguments it created)."""
     arg_types = [a.type for a in p.block.args]
