@@ -94,8 +94,8 @@ def _glb_tile(N, RANGE: gl.constexpr, BLOCK_KV: gl.constexpr, BLOCK_M: gl.conste
 
 
 @gluon.jit
-def _glb_steps(bufs, k_smem, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
-               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr):
+def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
+               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr):
     """Query blocks [lo, hi) of query head `off_hz`, ring positions t, t+1, ...: per block
     Sᵀ and dPᵀ, (P, dS) by HOOK, dV += Pᵀ dO, dK += dSᵀ Q and (DQ) dQ's share dS K added into
     the workspace. Returns dk, dv and the next ring position."""
@@ -176,12 +176,12 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
     t = 0
     for g in range(GROUP):
         off_hz = off_bk * GROUP + g
-        dk, dv, t = _glb_steps(bufs, k_smem, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               i0, a, HOOK_MASKED, STAGES, DQ, WG)
-        dk, dv, t = _glb_steps(bufs, k_smem, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               a, b, HOOK_FULL, STAGES, DQ, WG)
-        dk, dv, t = _glb_steps(bufs, k_smem, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               b, i_end, HOOK_MASKED, STAGES, DQ, WG)
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+                               i0, a, HOOK_MASKED, STAGES, DQ)
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+                               a, b, HOOK_FULL, STAGES, DQ)
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+                               b, i_end, HOOK_MASKED, STAGES, DQ)
     rows = off_bk * N + row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
     gl.store(dk_ptr + offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
