@@ -6,7 +6,8 @@ mask whose first row keeps no key), bf16 and fp16, the generated backward module
 kernel (a counting wrapper around `_gluon_backward`) and its gradients of q, k, v and every
 extra that has one match float64 autograd of the reference executor, as relative L2 errors
 (`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
-Nq != Nk) take the generic kernels of the same module and are checked too. The default, ordered
+Nq != Nk) take the generic kernels of the same module and are checked too; transposed views
+(the Hugging Face layout) take the Gluon kernels after a copy. The default, ordered
 dQ kernel gives bitwise equal gradients run after run; dQ by TMA reduce-adds (kernel-path
 `dq-reduce`) is as accurate, and under `torch.use_deterministic_algorithms` is not taken.
 
@@ -113,6 +114,30 @@ def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path
     args = _inputs(case, nq, nk)
     out, dout, grads = _run(fwd, bwd, args)
     assert counting.calls == 0
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("name", ["causal-d128-bf16", "rope-causal-d128-bf16"])
+def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> None:
+    """The Hugging Face layout: q, k, v (and dout) as [B, N, H, D] tensors transposed to
+    [B, H, N, D] views. The Gluon backward copies them (TMA reads [rows, D]) rather than leaving
+    the call to the generic kernels."""
+    case = CASES[name]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    n = 1024
+    fwd, bwd, wrt = _modules(ir, folder, n)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    args = _inputs(case, n, n)
+    views = [x.transpose(1, 2).contiguous().cuda().transpose(1, 2) for x in args[:3]]
+    assert not any(x.is_contiguous() for x in views)
+    out, lse = fwd.launch(*views)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.dtype)
+    dout = dout.transpose(1, 2).contiguous().cuda().transpose(1, 2)
+    grads = bwd.launch(*views, out, lse, dout)
+    torch.cuda.synchronize()
+    assert counting.calls == 1, "the Gluon backward did not run"
     _check(ir, args, wrt, out, dout, grads)
 
 

@@ -411,12 +411,13 @@ def _glbq_layouts(head_d, dtype):
 
 
 def _gluon_bwd_fits(q, k, v, dout, lse, min_len):
-    """Whether this backward call can take the Gluon kernel: Nq = Nk, a multiple of 128 and at
-    least min_len, contiguous 16-byte aligned q, k, v and dout (TMA reads them as [rows, D]
-    views), a contiguous lse. The compiler checked dtypes, head dims and the variant itself."""
+    """Whether this backward call can take the Gluon kernels: Nq = Nk, a multiple of 128 and at
+    least min_len, a contiguous lse, and q, k, v, dout that are 16-byte aligned where contiguous
+    (TMA reads them as [rows, D] views; `_gluon_backward` copies the others, e.g. the Hugging
+    Face layout's transposed views). The compiler checked dtypes, head dims and the variant."""
     n = q.shape[2]
     return (n == k.shape[2] and n >= min_len and n % _GLB_KEYS == 0 and lse.is_contiguous()
-            and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v, dout)))
+            and all(x.data_ptr() % 16 == 0 for x in (q, k, v, dout) if x.is_contiguous()))
 
 
 def _gl_deterministic():
@@ -438,11 +439,12 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
     `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
     `reduce_dq`, by TMA reduce-adds from `attn_bwd_sm90` itself into the zeroed workspace. For
-    contiguous q, k (holding their transforms), v and dout [B, H, N, D], the forward's lse and
-    delta [B*Hq*N] (fp32). hooks = (RANGE_Q, RANGE_KV, HOOK_FULL, HOOK_MASKED), the variant's
-    generated functions (the query blocks a block of keys meets, the key blocks a Q tile
-    meets, P and dS), which read `xargs`. dk is the gradient's dtype or fp32 (a K chain's
-    kernel takes it from there); dk, dv contiguous like k."""
+    q, k (holding their transforms), v and dout [B, H, N, D] (non-contiguous ones are copied
+    first), the forward's lse and delta [B*Hq*N] (fp32). hooks = (RANGE_Q, RANGE_KV,
+    HOOK_FULL, HOOK_MASKED), the variant's generated functions (the query blocks a block of
+    keys meets, the key blocks a Q tile meets, P and dS), which read `xargs`. dk is the
+    gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous like k."""
+    q, k, v, dout = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, dout))
     b, hq, n, d = q.shape
     kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
 
