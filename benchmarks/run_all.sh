@@ -25,6 +25,8 @@
 #             floor, a profile; ~1 minute)
 #   gluon     gluon/attention_sm90.py   (the hand-written Gluon kernels v1-v4 vs cuDNN / flash, each in a
 #             supervised subprocess; ~2-4 minutes)
+#   gluonbwd  gluon/backward_ab.py      (the sm90 Gluon backward vs the generic one, same module, and with dQ by
+#             TMA reduce-adds; Llama and paper shapes, N 4096 and 16384; ~2-3 minutes)
 #   tanh      tanh_approx.py            (the generic kernel's softcap, tanh=approx vs tanh=exact, forward and
 #             backward, three shapes, N 2048..8192, errors against float32; ~2-4 minutes, not yet run)
 #   cptests   pytest -m gpu python_tests/test_distributed_gpu.py (2 GPUs, NCCL: context parallelism's
@@ -39,7 +41,7 @@
 #
 # Environment: OUT (required: where results go), TOTAL_S (default 540), RESULTS (the
 # working folder, default $OUT/results), EXTRA_FORWARD_ARGS / EXTRA_SWEEP_ARGS /
-# EXTRA_BACKWARD_ARGS / EXTRA_HF_ARGS / EXTRA_CP_ARGS / EXTRA_FSDP_ARGS.
+# EXTRA_BACKWARD_ARGS / EXTRA_HF_ARGS / EXTRA_CP_ARGS / EXTRA_FSDP_ARGS / EXTRA_GLUONBWD_ARGS.
 # What comes back: $OUT/run_all.log, the markdown tables and the test log next to it,
 # and $OUT/results.tar.gz with everything (JSON included) — at most 8 files.
 set -x
@@ -125,6 +127,13 @@ for step in "${steps[@]}"; do
       timeout -k 10 "$t" python3 benchmarks/gluon/attention_sm90.py --out "$RESULTS/gluon" --budget-s $(( t - 20 )) \
         || status=1
       ;;
+    gluonbwd)
+      t=$(budget 300)
+      [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$t" python3 benchmarks/gluon/backward_ab.py --out "$RESULTS/gluonbwd" ${EXTRA_GLUONBWD_ARGS:-} \
+        || status=1
+      ;;
     tanh)
       t=$(budget 300)
       [ "$t" -lt 90 ] && { echo "no time left for $step"; continue; }
@@ -151,7 +160,7 @@ for step in "${steps[@]}"; do
         --out "$RESULTS/fsdp" --budget-s $(( t - 110 )) ${EXTRA_FSDP_ARGS:-} || status=1
       ;;
     *)
-      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, host, gluon, tanh, cptests, cp, fsdp)"; status=2
+      echo "unknown step '$step' (expected tests, quick, forward, sweep, tiles, rotation, ablation, backward, hf, host, gluon, gluonbwd, tanh, cptests, cp, fsdp)"; status=2
       ;;
   esac
 done
