@@ -13,7 +13,7 @@ from xdsl.ir import SSAValue
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E
-from attnfuse.passes.backward_epilogues_to_tl import chain_grad
+from attnfuse.passes.backward_epilogues_to_tl import store_gradient
 from attnfuse.passes.kernel_lowering import NEG_INF, POS_INF, ScoreCtx
 from attnfuse.passes.kv_segments import q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall
@@ -97,21 +97,9 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
         carried = kb.loop(0, group, 1, carried, lambda hb, hg, c: head(hb, hg, c), iv_name="hg")
     k_name_host = bl.host_name(bl.chains.k_arg)
     if bl.need_dk:
-        orig = bl.tensor(p, bl.chains.k_arg)
-        orig_base = kb.add(bl.base(kb, orig, b_off, hk_off), kb.mul(n_off, orig.strides[2]))
-
-        def load(chans: SSAValue) -> SSAValue:
-            return bl.qk.load_tile(kb, orig_base, rows_n, kv_ok, orig.strides[2], orig.strides[3], chans, True, "k0")
-
         program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_n, hint="program")
-        k_rope_pos = bl.positions(kb, p, bl.k.chain, offs_n, b_off, offs_n, kv_ok)
-        dk = chain_grad(
-            bl, kb, p, bl.k, kb.mul(carried["dk"], bl.scale), load, k_rope_pos, kv_ok, rows_n, program, "dk"
-        )
-        dk_out = bl.typed_tensor(p, "DK", "dk", bl.kdtype)
-        bl.store_tile(
-            kb, dk_out, bl.base(kb, dk_out, b_off, hk_off), n_off, rows_n, kv_ok, bl.d, kb.cast(dk, bl.kdtype)
-        )
+        dk = kb.mul(carried["dk"], bl.scale)
+        store_gradient(bl, kb, p, bl.k, dk, b_off, hk_off, n_off, rows_n, offs_n, offs_n, kv_ok, program, "dk")
     if bl.need_dv:
         dv_out = bl.typed_tensor(p, "DV", "dv", bl.vdtype)
         bl.store_tile(

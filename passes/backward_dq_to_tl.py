@@ -11,7 +11,7 @@ from xdsl.ir import SSAValue
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E
-from attnfuse.passes.backward_epilogues_to_tl import chain_grad
+from attnfuse.passes.backward_epilogues_to_tl import store_gradient
 from attnfuse.passes.kernel_lowering import NEG_INF, POS_INF, ScoreCtx
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall
@@ -72,17 +72,9 @@ def dq_kernel(bl: BackwardLowering) -> KernelCall:
             return {"dq": ib.dot(ib.cast(ds, bl.kdtype), k_t, c["dq"], bl.precision, hint="dq")}
 
         carried = kb.loop(lo, hi, block_n, carried, step)
-    orig = bl.tensor(p, bl.chains.q_arg)
-    orig_base = kb.add(bl.base(kb, orig, b_off, h_off), kb.mul(m_off, orig.strides[2]))
-
-    def load(chans: SSAValue) -> SSAValue:
-        return bl.qk.load_tile(kb, orig_base, rows_m, row_ok, orig.strides[2], orig.strides[3], chans, True, "q0")
-
     program = kb.add(kb.mul(pid_bh, num_q_blocks), pid_m, hint="program")
-    q_rope_pos = bl.positions(kb, p, bl.q.chain, q_pos, b_off, offs_m, row_ok)
-    dq = chain_grad(bl, kb, p, bl.q, kb.mul(carried["dq"], bl.scale), load, q_rope_pos, row_ok, rows_m, program, "dq")
-    dq_out = bl.typed_tensor(p, "DQ", "dq", bl.dtype)
-    bl.store_tile(kb, dq_out, bl.base(kb, dq_out, b_off, h_off), m_off, rows_m, row_ok, bl.d, kb.cast(dq, bl.dtype))
+    dq = kb.mul(carried["dq"], bl.scale)
+    store_gradient(bl, kb, p, bl.q, dq, b_off, h_off, m_off, rows_m, q_pos, offs_m, row_ok, program, "dq")
     p.block.add_op(tl.ReturnOp())
     grid = [f"{q_name}.shape[0] * {bl.hq}", f"_cdiv({q_name}.shape[2], {bm})"]
     return KernelCall(bl.kernel("attn_bwd_dq", p), p, grid, bl.num_warps, bl.num_stages)

@@ -66,6 +66,39 @@ def chain_grad(
     return g
 
 
+def store_gradient(
+    bl: BackwardLowering,
+    kb: KernelBuilder,
+    p: Params,
+    side: Side,
+    g: SSAValue,
+    b_off: SSAValue,
+    h_off: SSAValue,
+    row_off: SSAValue,
+    rows: SSAValue,
+    pos: SSAValue,
+    offs: SSAValue,
+    ok: SSAValue,
+    program: SSAValue,
+    name: str,
+) -> None:
+    """Store the fp32 gradient tile `g` of `side`'s rows `row_off + rows` (positions `pos`,
+    row indices `offs`, in range where `ok`) of head `h_off` of batch `b_off` into the launcher's
+    buffer `name` (dq or dk) in the side's dtype, after the side's chain's derivatives
+    (`chain_grad`, which reads the untransformed tile and writes weight shares by `program`)."""
+    orig = bl.tensor(p, side.arg)
+    orig_base = kb.add(bl.base(kb, orig, b_off, h_off), kb.mul(row_off, orig.strides[2]))
+    hint = f"{name[1]}0"
+
+    def load(chans: SSAValue) -> SSAValue:
+        return bl.qk.load_tile(kb, orig_base, rows, ok, orig.strides[2], orig.strides[3], chans, True, hint)
+
+    rope_pos = bl.positions(kb, p, side.chain, pos, b_off, offs, ok)
+    g = chain_grad(bl, kb, p, side, g, load, rope_pos, ok, rows, program, name)
+    out = bl.typed_tensor(p, name.upper(), name, side.dtype)
+    bl.store_tile(kb, out, bl.base(kb, out, b_off, h_off), row_off, rows, ok, bl.d, kb.cast(g, side.dtype))
+
+
 def forward_value(
     bl: BackwardLowering,
     kb: KernelBuilder,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, TensorType, f32, i32, i64
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import attn, tl
@@ -136,7 +136,7 @@ class Side:
     grads: list[ChainGrad]
     """Their derivatives, in order."""
     heads: int
-    dtype: object
+    dtype: Attribute
     pre: bool
     """Read from the pre-transformed copy (`q_rot` / `k_rot`)."""
     signed_pos: bool

@@ -26,10 +26,9 @@ from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import tl
 from attnfuse.passes.analysis import AttentionChains
-from attnfuse.passes.backward_epilogues_to_tl import chain_grad
+from attnfuse.passes.backward_epilogues_to_tl import store_gradient
 from attnfuse.passes.backward_to_tl import BackwardLowering, Side
-from attnfuse.passes.kernel_lowering import ScoreCtx
-from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq, uses_approx_tanh
+from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq
 from attnfuse.passes.kv_segments import kv_segments, q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
@@ -41,7 +40,6 @@ class GluonBackwardLowering(BackwardLowering):
 
     def __init__(self, chains: AttentionChains, arg_names: list[str]):
         super().__init__(chains, arg_names)
-        self.gluon_fast_tanh = uses_approx_tanh(chains.func, gluon=True)
         self.xargs: list[str] = []
         """Host expressions for the P/dS functions' extra arguments (`hooks` sets them)."""
         if not (self.need_dq and self.need_dk and self.need_dv):
@@ -113,14 +111,7 @@ class GluonBackwardLowering(BackwardLowering):
         q_idx = p.param("q_idx", tl.TileType(i32), "")
         kv_idx = p.param("kv_idx", tl.TileType(i32), "")
         off_hz = p.param("off_hz", i32, "")
-        if like is not None:
-            for (key, arg), host in zip(list(like.by_key.items())[7:], like.host[7:], strict=True):
-                p.param(key, arg.type, host)
-        b = kb.floordiv(off_hz, self.hq, hint="b")
-        h = kb.rem(off_hz, self.hq, hint="h")
-        b_off = kb.cast(b, i64, hint="b_off")
-        docs = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, docs, self.gluon_fast_tanh)
+        ctx = self.hook_ctx(kb, p, q_idx, kv_idx, off_hz, masked, like)
         env: dict[SSAValue, SSAValue] = {}
         scores = self.score_ops(kb, p, self.scores(kb, s), ctx, masked, env)
         pr, dropped = self.probs(kb, scores, lse2, masked)
@@ -162,17 +153,7 @@ class GluonBackwardLowering(BackwardLowering):
             program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(1))), pid_m, hint="program")
         else:
             program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_m, hint="program")
-        orig = self.tensor(p, side.arg)
-        orig_base = kb.add(self.base(kb, orig, b_off, h_off), kb.mul(m_off, orig.strides[2]))
-
-        def load(chans: SSAValue) -> SSAValue:
-            return self.qk.load_tile(kb, orig_base, rows, ok, orig.strides[2], orig.strides[3], chans, True, "x0")
-
-        pos = self.positions(kb, p, side.chain, offs, b_off, offs, ok)
-        g = chain_grad(self, kb, p, side, g, load, pos, ok, rows, program, which)
-        dtype = self.dtype if is_q else self.kdtype
-        out = self.typed_tensor(p, which.upper(), which, dtype)
-        self.store_tile(kb, out, self.base(kb, out, b_off, h_off), m_off, rows, ok, self.d, kb.cast(g, dtype))
+        store_gradient(self, kb, p, side, g, b_off, h_off, m_off, rows, offs, offs, ok, program, which)
         p.block.add_op(tl.ReturnOp())
         blocks = f"_cdiv({host}.shape[2], {self.block_m})"
         grid = [f"{host}.shape[0] * {heads}", blocks] if is_q else [blocks, f"{host}.shape[0] * {heads}"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import f32, i32, i64
+from xdsl.dialects.builtin import f32, i32
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -24,8 +24,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import Placement
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.forward_to_tl import ForwardLowering
-from attnfuse.passes.kernel_lowering import ScoreCtx
-from attnfuse.passes.kernel_path import GLUON_BLOCK, gluon_rotates_q, kernel_path, uses_approx_tanh
+from attnfuse.passes.kernel_path import GLUON_BLOCK, gluon_rotates_q, kernel_path
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
@@ -72,8 +71,6 @@ class GluonLowering(ForwardLowering):
 
     def __init__(self, chains: AttentionChains, arg_names: list[str]):
         super().__init__(chains, arg_names)
-        self.gluon_fast_tanh = uses_approx_tanh(chains.func, gluon=True)
-        """tanh by the approximate instruction in the Gluon kernel's score functions."""
         self.gluon: GluonLaunch | None = None
         """The Gluon kernel's share of the launcher (`lower` builds it)."""
 
@@ -146,14 +143,7 @@ class GluonLowering(ForwardLowering):
         q_idx = p.param("q_idx", tl.TileType(i32), "")
         kv_idx = p.param("kv_idx", tl.TileType(i32), "")
         off_hz = p.param("off_hz", i32, "")
-        if like is not None:
-            for (key, arg), host in zip(list(like.by_key.items())[4:], like.host[4:], strict=True):
-                p.param(key, arg.type, host)
-        b = kb.floordiv(off_hz, self.hq, hint="b")
-        h = kb.rem(off_hz, self.hq, hint="h")
-        b_off = kb.cast(b, i64, hint="b_off")
-        doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
-        ctx = ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, self.gluon_fast_tanh)
+        ctx = self.hook_ctx(kb, p, q_idx, kv_idx, off_hz, masked, like)
         out = self.score_ops(kb, p, s, ctx, masked)
         if like is not None and len(p.host) != len(like.host):
             raise DiagnosticException(f"{name} reads a tensor the masked score function does not")

@@ -303,6 +303,33 @@ class KernelLowering:
                 doc_q[mask.extras[0]] = kb.load(ptr, ok, -1, hint="doc_q")
         return doc_q
 
+    def hook_ctx(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        q_idx: SSAValue,
+        kv_idx: SSAValue,
+        off_hz: SSAValue,
+        masked: bool,
+        like: Params | None,
+    ) -> ScoreCtx:
+        """The score context of a function an sm90 Gluon kernel calls with positions q_idx and
+        kv_idx of batch*head `off_hz` (every pair in range), its own parameters declared first.
+        With `like` (the masked function of the pair), its extra parameters are declared next,
+        in order, so both functions take the same arguments. The queries' document ids when
+        `masked`; tanh by the approximate instruction where kernel-path chose it for the Gluon
+        kernels."""
+        if like is not None:
+            first = len(p.host)
+            for (key, arg), host in zip(list(like.by_key.items())[first:], like.host[first:], strict=True):
+                p.param(key, arg.type, host)
+        b = kb.floordiv(off_hz, self.hq, hint="b")
+        h = kb.rem(off_hz, self.hq, hint="h")
+        b_off = kb.cast(b, i64, hint="b_off")
+        doc_q = self.query_doc_ids(kb, p, b_off, q_idx, None) if masked else {}
+        fast_tanh = uses_approx_tanh(self.chains.func, gluon=True)
+        return ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, fast_tanh)
+
     # ------------------------------------------------------------------ the program's Q block
     def q_program(self, kb: KernelBuilder, block_m: SSAValue, nq: SSAValue, nk: SSAValue) -> QProgram:
         """The program's Q block, batch and heads, on a grid (batch x heads, Q blocks)."""
