@@ -51,11 +51,10 @@ class GluonBackwardLowering(BackwardLowering):
     def lower(self) -> LoweredFunction:
         calls = self.kernels()
         fns = self.hooks()
-        generic = {c.kernel.sym_name.data: c for c in calls}
         extra = [self.acc_kernel(self.q)]
         if self.k.grads:
             extra.append(self.acc_kernel(self.k))
-        launcher = self.gluon_launcher(calls, fns, {c.kernel.sym_name.data: c for c in extra}, generic)
+        launcher = self.gluon_launcher(calls, fns, extra)
         kernels = [c.kernel for c in calls + extra]
         return LoweredFunction(kernels, launcher, fns)
 
@@ -164,27 +163,26 @@ class GluonBackwardLowering(BackwardLowering):
         self,
         calls: list[KernelCall],
         fns: list[tl.DeviceFnOp],
-        acc: dict[str, KernelCall],
-        generic: dict[str, KernelCall],
+        acc: list[KernelCall],
     ) -> tl.LauncherOp:
-        """The generic launcher with its dK/dV and dQ launches replaced by `if
-        _gluon_bwd_fits(...)`: the Gluon kernels and the workspaces' kernels; else the
-        generic ones."""
+        """The generic launcher (of `calls`) with its dK/dV and dQ launches replaced by `if
+        _gluon_bwd_fits(...)`: the Gluon kernels (with `fns`, the `hooks`) and the workspaces'
+        kernels `acc`; else the generic ones."""
         launcher = self.backward_launcher(calls)
         ops = list(launcher.body.block.ops)
         launches = [
             op for op in ops if isinstance(op, tl.CallOp) and op.callee.data in ("attn_bwd_dkdv", "attn_bwd_dq")
         ]
         q, k, v = (self.host_name(a) for a in (self.chains.q_arg, self.chains.k_arg, self.chains.v_arg))
-        q_in = "q_rot" if "rotate_q" in generic else q
-        k_in = "k_rot" if "rotate_k" in generic else k
+        q_in = "q_rot" if self.q.pre else q  # the pre-rotation kernels' outputs (`kernels`)
+        k_in = "k_rot" if self.k.pre else k
         then: list[Operation] = [
             tl.AllocOp(
                 "dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)], "torch.float32", f"{q}.device"
             )
         ]
         dk_out = "dk"
-        if "attn_bwd_dk_acc" in acc:
+        if self.k.grads:  # K's chain's derivatives run in attn_bwd_dk_acc, on an fp32 dK
             then.append(
                 tl.AllocOp(
                     "dk_acc",
@@ -199,12 +197,12 @@ class GluonBackwardLowering(BackwardLowering):
                 (q_in, k_in, v, self.host_of(1), self.host_of(2), "delta"),
                 ("dq_acc", dk_out, "dv"),
                 self.scale,
-                (fns[0].sym_name.data, fns[1].sym_name.data, fns[2].sym_name.data, fns[3].sym_name.data),
+                [f.sym_name.data for f in fns],  # the four of `hooks`, in order
                 "not _gl_deterministic()" if reduces_dq(self.chains.func) else None,
                 self.xargs,
             )
         )
-        then += [call_op(c) for c in acc.values()]
+        then += [call_op(c) for c in acc]
         _, min_len = kernel_path(self.chains.func)
         fits = f"_gluon_bwd_fits({q_in}, {k_in}, {v}, {self.host_of(1)}, {self.host_of(2)}, {min_len})"
         choose = tl.HostIfOp(fits, then, [launches[0].clone(), launches[1].clone()])

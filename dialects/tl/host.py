@@ -365,7 +365,7 @@ class GluonBackwardOp(_HostOp):
         tensors: Sequence[str],
         outputs: Sequence[str],
         dk_scale: float,
-        hooks: tuple[str, str, str, str],
+        hooks: Sequence[str],
         reduce_dq: str | None = None,
         args: Sequence[str] = (),
     ):
