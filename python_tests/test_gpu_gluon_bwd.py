@@ -7,7 +7,8 @@ kernel (a counting wrapper around `_gluon_backward`) and its gradients of q, k, 
 extra that has one match float64 autograd of the reference executor, as relative L2 errors
 (`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
 Nq != Nk) take the generic kernels of the same module and are checked too; transposed views
-(the Hugging Face layout) take the Gluon kernels after a copy. The default, ordered
+(the Hugging Face layout) take the Gluon kernels after a copy. Lengths of one to five blocks of
+keys and Nk - Nq at offsets across a tile are swept. The default, ordered
 dQ kernel gives bitwise equal gradients run after run; dQ by TMA reduce-adds (kernel-path
 `dq-reduce`) is as accurate, and under `torch.use_deterministic_algorithms` is not taken.
 
@@ -100,6 +101,42 @@ def test_gluon_backward_gradients(name: str, folder: Path) -> None:
     args = _inputs(case, n, n)
     out, dout, grads = _run(fwd, bwd, args)
     assert counting.calls == 1, "the Gluon backward did not run"
+    _check(ir, args, wrt, out, dout, grads)
+
+
+SWEEP = ["causal-d64-f16", "window-f16", "prefix-lm-bf16", "gemma2-rope-softcap-window-bf16"]
+
+
+@pytest.mark.parametrize("n", [256, 384, 640])
+@pytest.mark.parametrize("name", SWEEP)
+def test_lengths_around_the_tiles(name: str, n: int, folder: Path) -> None:
+    """The Gluon backward at the shortest lengths it takes: one or two blocks of keys per
+    program row, the window's and the prefix's edges inside and across the 64-row steps."""
+    case = CASES[name]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    fwd, bwd, wrt = _modules(ir, folder, 1024)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    args = _inputs(case, n, n)
+    out, dout, grads = _run(fwd, bwd, args)
+    assert counting.calls == 1, "the Gluon backward did not run"
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("shift", [1, 63, 64, 127, 129])
+def test_fewer_queries_at_every_offset_take_the_generic_kernels(shift: int, folder: Path) -> None:
+    """Nk - Nq across a tile: the Gluon backward takes Nq = Nk only; the module's generic
+    kernels compute the rest."""
+    case = CASES["rope-causal-d128-bf16"]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    fwd, bwd, wrt = _modules(ir, folder, 1024)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    args = _inputs(case, 512 - shift, 512)
+    out, dout, grads = _run(fwd, bwd, args)
+    assert counting.calls == 0
     _check(ir, args, wrt, out, dout, grads)
 
 
