@@ -173,15 +173,16 @@ def triton_version() -> str:
     return triton.__version__
 
 
-DIRECTIONS = ("fwd", "bwd")
+DIRECTIONS = ("fwd", "bwd", "decode")
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """Everything a kernel's key covers, besides versions. `direction` is "fwd" (the
-    forward: out and lse) or "bwd" (the backward); `wrt` are the indices of the function
-    arguments a backward kernel differentiates (0, 1, 2 for q, k, v, 3... for the extra
-    tensors, in order), empty for a forward."""
+    forward: out and lse), "bwd" (the backward) or "decode" (the decode kernels over a KV
+    cache, `page_size` 0 for a contiguous one, `splits` 0 for the cost model's); `wrt` are the
+    indices of the function arguments a backward kernel differentiates (0, 1, 2 for q, k, v,
+    3... for the extra tensors, in order), empty for a forward."""
 
     ir: str
     dtypes: tuple[str, str, str]
@@ -192,18 +193,25 @@ class KernelSpec:
     interpret: bool
     direction: str = "fwd"
     wrt: tuple[int, ...] = ()
+    page_size: int = 0
+    splits: int = 0
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"a kernel's direction is 'fwd' or 'bwd', got {self.direction!r}")
-        if self.direction == "fwd" and self.wrt:
+        if self.direction != "bwd" and self.wrt:
             raise ValueError(f"a forward kernel differentiates nothing, got wrt={self.wrt}")
+        if self.direction != "decode" and (self.page_size or self.splits):
+            raise ValueError("page_size and splits are a decode kernel's")
         if self.direction == "bwd" and (not self.wrt or list(self.wrt) != sorted(set(self.wrt))):
             raise ValueError(f"a backward kernel needs wrt: increasing argument indices, got {self.wrt}")
 
     def compile_options(self) -> dict[str, Any]:
         """The keywords the compile function gets besides `sm` and `seq_len`: none for a
-        forward, `direction` and `wrt` for a backward."""
+        forward, `direction` and `wrt` for a backward, `direction`, `page_size` and
+        `decode_splits` for decode kernels."""
+        if self.direction == "decode":
+            return {"direction": "decode", "page_size": self.page_size, "decode_splits": self.splits}
         return {} if self.direction == "fwd" else {"direction": self.direction, "wrt": self.wrt}
 
     def key(self) -> str:
@@ -217,6 +225,7 @@ class KernelSpec:
             "interpret": self.interpret,
             "direction": self.direction,
             "wrt": list(self.wrt),
+            **({"page_size": self.page_size, "splits": self.splits} if self.direction == "decode" else {}),
             "triton": triton_version(),
             "attnfuse": version_fingerprint(),
         }

@@ -111,7 +111,9 @@ def compile_module(
     """Lower a module holding one attention function (it is not modified) to Triton source:
     its forward, or with `direction="bwd"` its backward (attn-autodiff first) for the
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
-    `launch(*args, out, lse, dout)` returns them in that order.
+    `launch(*args, out, lse, dout)` returns them in that order, or with `direction="decode"`
+    its decode kernels (`launch(q, k_cache, v_cache, *extras, cache_seqlens[, page_table])`;
+    option `page_size` for a paged cache).
     `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len,
     gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps, num_stages,
     causal_split); another name is an `AttnFuseError` that lists them, a bad value the stage's
@@ -136,8 +138,8 @@ def compile_module(
         verify_module(module)
     except DiagnosticException as e:
         raise AttnFuseError(f"invalid attn IR:\n{e}") from e
-    if direction not in ("fwd", "bwd"):
-        raise AttnFuseError(f"compile_module direction must be 'fwd' or 'bwd', got {direction!r}")
+    if direction not in ("fwd", "bwd", "decode"):
+        raise AttnFuseError(f"compile_module direction must be 'fwd', 'bwd' or 'decode', got {direction!r}")
     if wrt and direction != "bwd":
         raise AttnFuseError(f"compile_module wrt={tuple(wrt)} needs direction='bwd' (a forward has no gradients)")
     known = {f.name for f in fields(AttnFusePipelinePass)} - {"sm", "seq_len", "backward", "wrt"}
@@ -146,6 +148,8 @@ def compile_module(
         raise AttnFuseError(f"compile_module got unknown pipeline options {unknown}; it takes {sorted(known)}")
     if direction == "bwd":
         options = {**options, "backward": True, "wrt": tuple(wrt)}
+    elif direction == "decode":
+        options = {**options, "decode": True}
     module = module.clone()
     pipeline = AttnFusePipelinePass(sm=sm, seq_len=seq_len, **options)
     dump = _ir_dump(module, dump_ir, sm=sm, seq_len=seq_len, options=options)

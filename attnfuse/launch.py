@@ -125,10 +125,18 @@ def kernel_mode(backend_name: str, q: torch.Tensor) -> str:
 
 
 def load_kernel(
-    trace: dsl.Trace, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpret: bool
+    trace: dsl.Trace,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    interpret: bool,
+    *,
+    direction: str = "fwd",
+    page_size: int = 0,
 ) -> tuple[LoadedKernel, Callable[..., Any], KernelSpec]:
     """The kernel of `trace` for these tensors, its launch function (`KernelCache.launcher`)
-    and its spec."""
+    and its spec: the forward, or with `direction="decode"` the decode kernels (`page_size`:
+    0 for a contiguous cache)."""
     spec = KernelSpec(
         ir=trace.text,
         dtypes=(str(q.dtype), str(k.dtype), str(v.dtype)),
@@ -137,6 +145,8 @@ def load_kernel(
         seq_bucket=seq_bucket(q.shape[2], k.shape[2]),
         sm=0 if interpret else device_sm(q.device),
         interpret=interpret,
+        direction=direction,
+        page_size=page_size,
     )
     try:
         return (*KERNELS.launcher(trace.module, spec), spec)

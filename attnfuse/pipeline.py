@@ -58,6 +58,12 @@ class AttnFusePipelinePass(ModulePass):
     gluon_dq_reduce: bool = False
     """kernel-path's dq-reduce: the Gluon backward's dQ by TMA reduce-adds (not bitwise
     reproducible) instead of its ordered dQ kernel."""
+    decode: bool = False
+    """kernel-path's decode: compile the forward for decoding against a KV cache (`Variant.decode`)."""
+    page_size: int = 0
+    """kernel-path's page-size (with `decode`): 0 for a contiguous cache, else the page size."""
+    decode_splits: int = 0
+    """kernel-path's splits (with `decode`): a fixed number of cache splits; 0: its cost model."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -68,6 +74,8 @@ class AttnFusePipelinePass(ModulePass):
         after each stage that runs (the compiler driver's per-stage IR dump uses it)."""
         if self.sm is not None:
             check_sm(self.sm, self.name)
+        if self.decode and self.backward:
+            raise ValueError("attnfuse-pipeline decode=true compiles a forward: it takes no backward=true")
         if self.wrt and not self.backward:
             raise ValueError(
                 f"attnfuse-pipeline wrt={','.join(map(str, self.wrt))} needs backward=true: wrt picks the arguments "
@@ -94,6 +102,9 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             min_len_transformed=o.gluon_min_len_transformed,
             tanh=o.tanh,
             dq_reduce=o.gluon_dq_reduce,
+            decode=o.decode,
+            page_size=o.page_size,
+            splits=o.decode_splits,
         ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),

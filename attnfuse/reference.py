@@ -51,7 +51,7 @@ also serve as the oracle of backward kernels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -472,3 +472,39 @@ class _Executor:
         attn.SoftmaxOp: _softmax,
         attn.PVOp: _pv,
     }
+
+
+# --------------------------------------------------------------------------- a chain alone
+
+
+class _ChainExecutor(_Executor):
+    """Runs the pre-matmul ops of one operand (K's chain, for `Variant.cache_keys`), every
+    RoPE of it at the given positions instead of its own."""
+
+    def __init__(self, values: Mapping[SSAValue, torch.Tensor], positions: torch.Tensor, dtype: torch.dtype):
+        self.dtype = dtype
+        self.device = positions.device
+        self.positions = positions
+        self.values = {a: self._load(t) for a, t in values.items()}
+
+    def _rope_positions(self, op: attn.RopeOp, x: torch.Tensor) -> torch.Tensor:
+        pos = self.positions.to(torch.float64)
+        return pos[:, None, :] if pos.dim() == 2 else pos
+
+
+def run_chain(
+    chain: Sequence[Operation],
+    values: Mapping[SSAValue, torch.Tensor],
+    positions: torch.Tensor,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The result of the pre-matmul ops `chain` (attn.rope, attn.norm, attn.scale; the first
+    reads a function argument), every RoPE at `positions` ([N] or [B, N], N the rows of its
+    input), in `compute_dtype`. `values` gives the function arguments the ops read: the
+    operand and the extra tensors (QK-norm weights, inv_freq)."""
+    ex = _ChainExecutor(values, positions, compute_dtype)
+    out = None
+    for op in chain:
+        out = ex.values[op.results[0]] = ex.HANDLERS[type(op)](ex, op)
+    assert isinstance(out, torch.Tensor)
+    return out

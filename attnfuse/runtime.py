@@ -52,7 +52,7 @@ from typing import Any, cast
 
 import torch
 
-from attnfuse import autograd, cache, dsl, launch, validation
+from attnfuse import autograd, cache, dsl, inference, launch, validation
 from attnfuse.cache import KERNELS, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
 from attnfuse.launch import (
@@ -483,6 +483,31 @@ class Variant:
         return tuple(x for x in full if isinstance(x, torch.Tensor))
 
     # ---- public API
+
+    def cache_keys(self, k: torch.Tensor, positions: torch.Tensor, *extras: object) -> torch.Tensor:
+        """Keys as a KV cache holds them for `decode`: k [B, Hkv, N, D] with the variant's K
+        transforms (RoPE at `positions`, [N] or [B, N]; QK-norm) applied, in k's dtype. `extras`
+        are the variant's extra arguments (see `attnfuse.inference`)."""
+        return inference.cache_keys(self, k, positions, *extras)
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        *extras: object,
+        page_table: torch.Tensor | None = None,
+        check: bool = True,
+    ) -> torch.Tensor:
+        """Decode against a KV cache: q [B, Hq, Lq, D] (Lq 1-16, un-transformed) are the last Lq
+        positions of sequences whose first `cache_seqlens[b]` positions the cache holds (keys
+        from `cache_keys`); returns the last Lq rows of the variant's ordinary call on each
+        whole sequence, [B, Hq, Lq, Dv]. The cache is [B, Hkv, S, D], or with `page_table`
+        (int32 [B, max_pages]) a paged pool [pages, page_size, Hkv, D]. `check=False` skips the
+        checks of lengths and page entries against the cache (one device-to-host copy). See
+        `attnfuse.inference`."""
+        return inference.decode(self, q, k_cache, v_cache, cache_seqlens, *extras, page_table=page_table, check=check)
 
     def compile(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> Kernel:
         """The generated kernel for this signature: Triton on CUDA tensors, the

@@ -11,7 +11,9 @@ kernels (`tl.kernel`), device functions (`tl.device_fn`) and launcher (`tl.launc
 - a backward function (attn-autodiff's) on the generic kernels: `backward_to_tl` (the
   backward's kernels);
 - a backward on the sm90 Gluon kernel: `gluon_bwd_to_tl` (the generic kernels, the Gluon
-  backward's hooks and workspace kernels, a launcher that chooses per call).
+  backward's hooks and workspace kernels, a launcher that chooses per call);
+- a forward compiled for decoding (`decode`): `decode_to_tl` (split-KV over a contiguous or
+  paged KV cache, GQA packed, and a combine kernel).
 
 A new kernel path (an sm90 backward, decode, FP8) is a module beside these with a class that
 lowers one function (`lower()` -> `launcher_to_tl.LoweredFunction`), and one entry in
@@ -32,10 +34,11 @@ from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
 from attnfuse.passes.backward_to_tl import BackwardLowering
+from attnfuse.passes.decode_to_tl import DecodeLowering
 from attnfuse.passes.forward_to_tl import ForwardLowering
 from attnfuse.passes.gluon_bwd_to_tl import GluonBackwardLowering
 from attnfuse.passes.gluon_to_tl import GluonLowering
-from attnfuse.passes.kernel_path import GLUON, TRITON, checked_kernel_path
+from attnfuse.passes.kernel_path import DECODE, GLUON, TRITON, checked_kernel_path
 from attnfuse.passes.launcher_to_tl import LoweredFunction, arg_names
 
 FORWARD = "forward"
@@ -49,6 +52,7 @@ LOWERINGS: dict[tuple[str, str], PathLowering] = {
     (FORWARD, GLUON): lambda chains, names: GluonLowering(chains, names).lower(),
     (BACKWARD, TRITON): lambda chains, names: BackwardLowering(chains, names).lower(),
     (BACKWARD, GLUON): lambda chains, names: GluonBackwardLowering(chains, names).lower(),
+    (FORWARD, DECODE): lambda chains, names: DecodeLowering(chains, names).lower(),
 }
 """The kernel paths, by (direction, kernel-path's path): where a new path registers."""
 

@@ -256,14 +256,7 @@ class ForwardLowering(KernelLowering):
         s = self.score_ops(ib, p, s, ctx, masked)
         if masked:
             s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
-        # Base 2 by one factor (positive: the max commutes with it), which joins exp2's
-        # argument as one fused multiply-add per score.
-        m_new = ib.maximum(c["m_i"], ib.mul(ib.reduce("max", s, 1), self.to_base2), hint="m_new")
-        m_safe = ib.where(ib.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
-        pr = ib.unary(tl.Exp2Op, ib.sub(ib.mul(s, self.to_base2), ib.row(m_safe)), hint="p")
-        alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
-        l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", pr, 1), hint="l_new")
-        acc_s = ib.mul(c["acc"], ib.row(alpha), hint="acc_scaled")
+        m_new, l_new, pr, acc_s = self.online_softmax(ib, s, c)
         v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
         v_ptr = ib.add(
             ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])),

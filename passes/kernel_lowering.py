@@ -262,6 +262,21 @@ class KernelLowering:
             s = kb.where(keep, s, NEG_INF, hint="s_masked")
         return s
 
+    def online_softmax(
+        self, kb: KernelBuilder, s: SSAValue, c: dict[str, SSAValue]
+    ) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
+        """One block's online-softmax update in base 2 of the carried `m_i`, `l_i`, `acc`:
+        (m_new, l_new, p, acc rescaled), P·V still to be added to the last."""
+        # Base 2 by one factor (positive: the max commutes with it), which joins exp2's
+        # argument as one fused multiply-add per score.
+        m_new = kb.maximum(c["m_i"], kb.mul(kb.reduce("max", s, 1), self.to_base2), hint="m_new")
+        m_safe = kb.where(kb.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
+        pr = kb.unary(tl.Exp2Op, kb.sub(kb.mul(s, self.to_base2), kb.row(m_safe)), hint="p")
+        alpha = kb.unary(tl.Exp2Op, kb.sub(c["m_i"], m_safe), hint="alpha")
+        l_new = kb.add(kb.mul(c["l_i"], alpha), kb.reduce("sum", pr, 1), hint="l_new")
+        acc_s = kb.mul(c["acc"], kb.row(alpha), hint="acc_scaled")
+        return m_new, l_new, pr, acc_s
+
     @staticmethod
     def softcap(kb: KernelBuilder, s: SSAValue, cap: float, fast_tanh: bool) -> SSAValue:
         """cap·tanh(s / cap): by the approximate tanh instruction, or as cap·(2·sigmoid(2s/cap) - 1)."""

@@ -22,6 +22,15 @@ the ordered dQ kernel's speed, except window+softcap at the paper shape (1.11-1.
 option, recorded as `dq = "reduce"`. Min-len is `min-len` (a backward pre-rotates Q
 and K on both paths); below 2048 the Gluon backward was not measured.
 
+`decode` (option `decode`): a forward compiled for decoding against a KV cache
+(`Variant.decode`): a split-KV (flash-decoding) kernel over the cache, all query heads of one KV
+head packed into one tile so K and V are read once, then a combine kernel through the lse
+(`decode_to_tl`). Generic Triton, so it serves every GPU and the interpreter. The entry records
+the cache's layout (`page_size`: 0 for a contiguous cache [B, Hkv, S, D], else the page size of a
+paged pool [pages, page_size, Hkv, D]) and the split cost model: the launcher gives each (batch,
+KV head) `splits` programs, `cdiv(waves x SMs, B x Hkv)`, at most one per `min_split_keys` keys
+of the cache and per block of keys (or the option's fixed `splits`).
+
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
 ask for all of dq, dk and dv).
@@ -82,6 +91,7 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 
 GLUON = "gluon-sm90"
 TRITON = "triton"
+DECODE = "decode"
 TanhMode = Literal["auto", "approx", "exact"]
 """kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
@@ -89,6 +99,11 @@ GLUON_BLOCK = 128
 GLUON_BWD_BLOCK = 64
 """Rows of one step of the Gluon backward kernels' loops: query rows in the dK/dV kernel (its
 programs own 128 keys), keys in the dQ kernel (its programs own 128 query rows)."""
+DECODE_WAVES = 2
+"""The decode cost model's programs per SM: splits fill `DECODE_WAVES x SMs` programs."""
+DECODE_MIN_SPLIT_KEYS = 256
+"""The fewest cache keys a decode split reads (a shorter split costs more in the combine than it
+saves)."""
 GLUON_HEAD_DIMS = (128,)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
@@ -154,9 +169,35 @@ def kernel_path(f: object) -> tuple[str, int]:
     """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
     attrs = getattr(f, "attributes", {})
     entry = attrs.get("attn.kernel_path")
+    if isinstance(entry, DictionaryAttr) and entry.data["path"] == StringAttr(DECODE):
+        return DECODE, 0
     if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
         return TRITON, 0
     return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """A decode function's `attn.kernel_path` entries (see the module docstring)."""
+
+    page_size: int
+    """0: a contiguous cache [B, Hkv, S, D]; else the page size of a paged pool."""
+    waves: int
+    min_split_keys: int
+    splits: int
+    """A fixed number of splits per (batch, KV head); 0: the cost model's."""
+
+
+def decode_config(f: object) -> DecodeConfig:
+    """The decode entries of function `f`'s `attn.kernel_path` (`checked_kernel_path` checked them)."""
+    entry = getattr(f, "attributes", {}).get("attn.kernel_path")
+    assert isinstance(entry, DictionaryAttr)
+
+    def get(name: str) -> int:
+        a = entry.data.get(name)
+        return a.value.data if isinstance(a, IntegerAttr) else 0
+
+    return DecodeConfig(get("page_size"), get("waves"), get("min_split_keys"), get("splits"))
 
 
 def reduces_dq(f: object) -> bool:
@@ -178,23 +219,20 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     if entry is None:
         return TRITON, 0
     path = entry.data.get("path") if isinstance(entry, DictionaryAttr) else None
-    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON):
-        raise DiagnosticException(f'{where} must be a dictionary with path = "{GLUON}" or "{TRITON}", got {entry}')
+    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON, DECODE):
+        raise DiagnosticException(
+            f'{where} must be a dictionary with path = "{GLUON}", "{TRITON}" or "{DECODE}", got {entry}'
+        )
     assert isinstance(entry, DictionaryAttr)
-    tanh = entry.data.get("tanh")
-    if tanh is not None:
-        if tanh not in (StringAttr("approx"), StringAttr("approx-gluon")):
-            raise DiagnosticException(f'{where} tanh must be "approx" or "approx-gluon", got {tanh}')
-        if sm == 0 or not isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type):
-            raise DiagnosticException(
-                f"{where} says tanh = {tanh}, but the approximate tanh instruction needs bf16/f16 inputs on a "
-                f"GPU, got {v.q_type.get_element_type()} at sm {sm}"
-            )
+    _check_tanh(v, entry, sm, where)
     dq = entry.data.get("dq")
     if dq is not None and (dq != StringAttr("reduce") or not v.is_backward or path.data != GLUON):
         raise DiagnosticException(f'{where} dq = {dq}: only a backward on "{GLUON}" takes dq = "reduce"')
     if path.data == TRITON:
         return TRITON, 0
+    if path.data == DECODE:
+        _check_decode(v, entry, where)
+        return DECODE, 0
     min_len = entry.data.get("min_len")
     if not isinstance(min_len, IntegerAttr) or min_len.value.data < GLUON_BLOCK:
         raise DiagnosticException(f"{where} says {GLUON} with min_len {min_len}: expected an integer >= {GLUON_BLOCK}")
@@ -207,6 +245,43 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     return GLUON, n
 
 
+def _check_tanh(v: AttentionChains, entry: DictionaryAttr, sm: int, where: str) -> None:
+    """An entry's tanh: "approx" or "approx-gluon", for bf16/f16 inputs on a GPU."""
+    tanh = entry.data.get("tanh")
+    if tanh is None:
+        return
+    if tanh not in (StringAttr("approx"), StringAttr("approx-gluon")):
+        raise DiagnosticException(f'{where} tanh must be "approx" or "approx-gluon", got {tanh}')
+    if sm == 0 or not isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type):
+        raise DiagnosticException(
+            f"{where} says tanh = {tanh}, but the approximate tanh instruction needs bf16/f16 inputs on a "
+            f"GPU, got {v.q_type.get_element_type()} at sm {sm}"
+        )
+
+
+def _check_decode(v: AttentionChains, entry: DictionaryAttr, where: str) -> None:
+    """A decode entry: a forward function; a page size of 0 or a power of two from 16 to 256;
+    positive waves and min_split_keys; splits of 0 (the cost model) or more."""
+    if v.is_backward:
+        raise DiagnosticException(f'{where} says "{DECODE}" for a backward function: decoding is forward-only')
+    bad = [k for k in entry.data if k not in ("path", "page_size", "waves", "min_split_keys", "splits", "tanh")]
+    if bad:
+        raise DiagnosticException(f'{where} "{DECODE}" has unknown entries {bad}')
+    values = {}
+    for name in ("page_size", "waves", "min_split_keys", "splits"):
+        a = entry.data.get(name)
+        if not isinstance(a, IntegerAttr):
+            raise DiagnosticException(f'{where} "{DECODE}" needs an integer {name}, got {a}')
+        values[name] = a.value.data
+    page = values["page_size"]
+    if page != 0 and (page < 16 or page > 256 or page & (page - 1)):
+        raise DiagnosticException(
+            f"{where} page_size must be 0 (contiguous) or a power of two in [16, 256], got {page}"
+        )
+    if values["waves"] < 1 or values["min_split_keys"] < 1 or values["splits"] < 0:
+        raise DiagnosticException(f"{where} needs waves >= 1, min_split_keys >= 1 and splits >= 0, got {values}")
+
+
 @dataclass(frozen=True)
 class KernelPathPass(ModulePass):
     """Choose, per function (forward or backward), the kernels that compute its attention: the
@@ -214,7 +289,8 @@ class KernelPathPass(ModulePass):
     function with `attn.kernel_path`: `{path = "gluon-sm90", min_len = N}` or `{path = "triton",
     reason = "..."}`, plus `tanh = "approx"` or `"approx-gluon"` where the variant's tanh
     runs as the GPU's approximate instruction, and `dq = "reduce"` on a Gluon backward whose dQ
-    is added up by TMA reduce-adds (`dq-reduce`)."""
+    is added up by TMA reduce-adds (`dq-reduce`). With `decode`: `{path = "decode", page_size,
+    waves, min_split_keys, splits}` (the decode kernels and their split cost model)."""
 
     name = "kernel-path"
 
@@ -244,7 +320,21 @@ class KernelPathPass(ModulePass):
     kernel (the default: deterministic, and measured faster, benchmarks/results/h200/
     run_2026-12-02_gluon_bwd)."""
 
+    decode: bool = False
+    """Compile a forward for decoding against a KV cache (`Variant.decode`): the `decode` path."""
+    page_size: int = 0
+    """With `decode`: 0 for a contiguous cache, else the page size of a paged one (16 to 256)."""
+    splits: int = 0
+    """With `decode`: a fixed number of splits of the cache per (batch, KV head); 0: the cost
+    model's (see the module docstring)."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.page_size and (self.page_size < 16 or self.page_size > 256 or self.page_size & (self.page_size - 1)):
+            raise ValueError(f"kernel-path page-size must be 0 or a power of two in [16, 256], got {self.page_size}")
+        if (self.page_size or self.splits) and not self.decode:
+            raise ValueError("kernel-path page-size and splits need decode=true")
+        if self.splits < 0:
+            raise ValueError(f"kernel-path splits must be >= 0, got {self.splits}")
         if self.tanh not in get_args(TanhMode):  # `-p` options are checked by xDSL; this checks Python callers
             raise ValueError(f"kernel-path tanh must be one of {', '.join(get_args(TanhMode))}, got '{self.tanh}'")
         for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
@@ -260,6 +350,20 @@ class KernelPathPass(ModulePass):
 
     def entry(self, v: AttentionChains, sm: int, seq_len: int) -> dict[str, Attribute]:
         """The `attn.kernel_path` entries of function `v` (see the class docstring)."""
+        if self.decode:
+            if v.is_backward:
+                raise DiagnosticException(f"func @{v.func.sym_name.data}: kernel-path decode=true takes a forward")
+            entry = {
+                "path": StringAttr(DECODE),
+                "page_size": IntegerAttr(self.page_size, i64),
+                "waves": IntegerAttr(DECODE_WAVES, i64),
+                "min_split_keys": IntegerAttr(DECODE_MIN_SPLIT_KEYS, i64),
+                "splits": IntegerAttr(self.splits, i64),
+            }
+            half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
+            if sm > 0 and half and computes_tanh(v.func) and self.tanh == "approx":
+                entry["tanh"] = StringAttr("approx")
+            return entry
         transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
         min_len = self.min_len_transformed if transformed else self.min_len
         reason = (

@@ -106,16 +106,18 @@ class QKTransforms:
         base: SSAValue,
         tok_offs: SSAValue,
         tok_ok: SSAValue | None,
-        tok_stride: SSAValue,
+        tok_stride: SSAValue | None,
         chan_stride: SSAValue,
         chans: SSAValue,
         tokens_first: bool,
         hint: str,
     ) -> SSAValue:
-        """Load a [tokens, head dim] tile (or its transpose), masked where out of range."""
+        """Load a [tokens, head dim] tile (or its transpose), masked where out of range. A
+        `tok_stride` of None: `tok_offs` are offsets in elements already."""
         tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
+        toks = tok_axis(tok_offs)
         ptr = kb.add(
-            kb.add(base, kb.mul(tok_axis(tok_offs), tok_stride)),
+            kb.add(base, toks if tok_stride is None else kb.mul(toks, tok_stride)),
             kb.mul(chan_axis(chans), chan_stride),
             hint=f"{hint}_ptr",
         )

@@ -13,6 +13,8 @@ In a backward function (attn-autodiff's), Q's and K's transforms both run in
 pre-rotation kernels (`_place_backward` says why). So do K's for a function that
 kernel-path gave the sm90 Gluon kernel, which reads K through TMA (the Gluon launch
 pre-rotates Q too; the generic kernel beside it keeps Q's transforms in its prologue).
+In a function kernel-path compiles for decoding, K's transforms are the cache's (`cache`):
+`Variant.cache_keys` applies them once when keys are written, and the decode kernel reads them so.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
-from attnfuse.passes.kernel_path import GLUON, kernel_path
+from attnfuse.passes.kernel_path import DECODE, GLUON, kernel_path
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 
@@ -140,6 +142,34 @@ class RopeFusionPass(ModulePass):
     seq_len: int | None = None
     """Sequence length the kernel is compiled for; default: attn.target, else 4096."""
 
+    def _place_k(self, f: func.FuncOp, v: AttentionChains, sm: int, seq_len: int) -> DictionaryAttr:
+        """Mark where K's transforms run; returns the function's `attn.rope_fusion` record."""
+        if not v.k_chain:
+            return DictionaryAttr({"k": StringAttr("none")})
+        if kernel_path(f)[0] == DECODE:
+            for k_op in v.k_chain:
+                k_op.attributes["placement"] = PlacementAttr(Placement.CACHE)
+            return DictionaryAttr(
+                {"k": StringAttr("cache"), "reason": StringAttr("a decode kernel reads K as cache_keys wrote it")}
+            )
+        q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
+        causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
+        fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
+        gluon = kernel_path(f)[0] == GLUON
+        placement = _k_placement(self.mode, gluon, fused_s, pre_s)
+        for k_op in v.k_chain:
+            k_op.attributes["placement"] = PlacementAttr(placement)
+        return DictionaryAttr(
+            {
+                "k": StringAttr(placement.value),
+                "sm": IntegerAttr(sm, i64),
+                "seq_len": IntegerAttr(seq_len, i64),
+                "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
+                "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
+                **({"reason": StringAttr("the gluon-sm90 kernel reads K pre-rotated")} if gluon else {}),
+            }
+        )
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.mode not in get_args(RopeMode):  # `-p` options are checked by xDSL; this checks Python callers
             raise ValueError(f"rope-fusion mode must be one of {', '.join(get_args(RopeMode))}, got '{self.mode}'")
@@ -159,23 +189,4 @@ class RopeFusionPass(ModulePass):
             v.qk.attributes["score_scale"] = FloatAttr(score_scale, f64)
             if foldable:
                 v.qk.attributes["log2e_folded"] = UnitAttr()
-            if not v.k_chain:
-                f.attributes["attn.rope_fusion"] = DictionaryAttr({"k": StringAttr("none")})
-                continue
-            q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
-            causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
-            fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
-            gluon = kernel_path(f)[0] == GLUON
-            placement = _k_placement(self.mode, gluon, fused_s, pre_s)
-            for k_op in v.k_chain:
-                k_op.attributes["placement"] = PlacementAttr(placement)
-            f.attributes["attn.rope_fusion"] = DictionaryAttr(
-                {
-                    "k": StringAttr(placement.value),
-                    "sm": IntegerAttr(sm, i64),
-                    "seq_len": IntegerAttr(seq_len, i64),
-                    "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
-                    "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
-                    **({"reason": StringAttr("the gluon-sm90 kernel reads K pre-rotated")} if gluon else {}),
-                }
-            )
+            f.attributes["attn.rope_fusion"] = self._place_k(f, v, sm, seq_len)

@@ -11,6 +11,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
+from attnfuse.passes.kernel_path import DECODE, kernel_path
 
 # (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`
@@ -26,6 +27,9 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 # benchmarks/results/h200/run_2026-12-01_families/); the class it does not take: head dim 64,
 # where it measured 0.93-1.10x this table's kernel with Q's transforms in a pre-rotation kernel
 # and 1.00-1.02x without (benchmarks/results/h200/run_2026-12-01_gluon/).
+# Class `decode` (kernel-path's decode path): BLOCK_M is the fewest rows of the packed query tile
+# (the launcher takes the next power of two of query heads per KV head x queries, at least this),
+# BLOCK_N the keys of each step; unmeasured defaults until the decode sweep.
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
@@ -50,6 +54,15 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (80, 64, "bwd"): (64, 32, 4, 2),
     (80, 128, "bwd"): (64, 32, 4, 1),
     (80, 256, "bwd"): (32, 32, 4, 1),
+    (90, 64, "decode"): (16, 128, 4, 3),
+    (90, 128, "decode"): (16, 64, 4, 3),
+    (90, 256, "decode"): (16, 32, 4, 2),
+    (80, 64, "decode"): (16, 64, 4, 2),
+    (80, 128, "decode"): (16, 64, 4, 2),
+    (80, 256, "decode"): (16, 32, 4, 1),
+    (0, 64, "decode"): (16, 32, 4, 1),
+    (0, 128, "decode"): (16, 32, 4, 1),
+    (0, 256, "decode"): (16, 32, 4, 1),
     (0, 64, "plain"): (32, 32, 4, 1),
     (0, 128, "plain"): (32, 32, 4, 1),
     (0, 256, "plain"): (32, 32, 4, 1),
@@ -57,6 +70,8 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
 
 
 def variant_class(v: AttentionChains) -> str:
+    if kernel_path(v.func)[0] == DECODE:
+        return "decode"
     if v.is_backward:
         return "bwd"
     if any(op.attributes.get("placement") == PlacementAttr(Placement.KV_LOOP) for op in v.k_chain):

@@ -284,11 +284,14 @@ class Placement(StrEnum):
     """On every K tile, inside the KV loop."""
     PREROTATE = "prerotate"
     """Once per K row, in a separate kernel that writes a transformed copy of K."""
+    CACHE = "cache"
+    """When the key is written to a KV cache (`Variant.cache_keys`): a decode kernel reads K
+    transformed already."""
 
 
 @irdl_attr_definition
 class PlacementAttr(EnumAttribute[Placement]):
-    """`#attn.placement<q_prologue | kv_loop | prerotate>`: rope-fusion's `placement`."""
+    """`#attn.placement<q_prologue | kv_loop | prerotate | cache>`: rope-fusion's `placement`."""
 
     name = "attn.placement"
 

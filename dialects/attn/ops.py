@@ -133,7 +133,7 @@ def check_positions(positions: SSAValue | None, what: str) -> None:
 
 
 def _check_placement(op: Operation) -> None:
-    check_annotation(op, "placement", PlacementAttr, "an #attn.placement<q_prologue|kv_loop|prerotate>")
+    check_annotation(op, "placement", PlacementAttr, "an #attn.placement<q_prologue|kv_loop|prerotate|cache>")
 
 
 def _f64(value: float) -> FloatAttr:

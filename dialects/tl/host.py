@@ -227,6 +227,76 @@ class HostSumOp(_HostOp):
 
 
 @irdl_op_definition
+class HostAssignOp(_HostOp):
+    """`var = value`: a host value the launcher computes once and passes on (a host expression)."""
+
+    name = "tl.host_assign"
+    var = prop_def(StringAttr)
+    value = prop_def(StringAttr)
+    assembly_format = "$var `=` $value attr-dict"
+
+    def __init__(self, var: str, value: str):
+        super().__init__(properties={"var": StringAttr(var), "value": StringAttr(value)})
+
+
+@irdl_op_definition
+class DecodeSplitsOp(_HostOp):
+    """`splits, keys = _decode_splits(rows, length, block_n, waves, min_keys, fixed, device)`:
+    how many programs a decode launch gives each of its `rows` (batch x KV heads) and how many
+    cache keys each reads, a multiple of `block_n`. The cost model: `cdiv(waves x SMs, rows)`
+    splits, at most `cdiv(length, min_keys)` and one per block of the cache's `length` keys;
+    `fixed` > 0 replaces it. `rows`, `length` and `device` are host expressions."""
+
+    name = "tl.decode_splits"
+    splits = prop_def(StringAttr)
+    keys = prop_def(StringAttr)
+    rows = prop_def(StringAttr)
+    length = prop_def(StringAttr)
+    block_n = prop_def(IntegerAttr[I64])
+    waves = prop_def(IntegerAttr[I64])
+    min_keys = prop_def(IntegerAttr[I64])
+    fixed = prop_def(IntegerAttr[I64])
+    device = prop_def(StringAttr)
+    assembly_format = (
+        "$splits `,` $keys `rows` $rows `length` $length `block_n` $block_n `waves` $waves `min_keys` $min_keys "
+        "`fixed` $fixed `device` $device attr-dict"
+    )
+
+    def __init__(
+        self,
+        splits: str,
+        keys: str,
+        rows: str,
+        length: str,
+        block_n: int,
+        waves: int,
+        min_keys: int,
+        fixed: int,
+        device: str,
+    ):
+        super().__init__(
+            properties={
+                "splits": StringAttr(splits),
+                "keys": StringAttr(keys),
+                "rows": StringAttr(rows),
+                "length": StringAttr(length),
+                "block_n": IntegerAttr(block_n, i64),
+                "waves": IntegerAttr(waves, i64),
+                "min_keys": IntegerAttr(min_keys, i64),
+                "fixed": IntegerAttr(fixed, i64),
+                "device": StringAttr(device),
+            }
+        )
+
+    def verify_(self) -> None:
+        for name in ("block_n", "waves", "min_keys"):
+            if getattr(self, name).value.data < 1:
+                raise VerifyException(f"tl.decode_splits {name} must be >= 1")
+        if self.fixed.value.data < 0:
+            raise VerifyException("tl.decode_splits fixed must be >= 0 (0: the cost model)")
+
+
+@irdl_op_definition
 class GluonAttentionOp(_HostOp):
     """`_gluon_attention(q, k, v, out, lse, qk_scale, ...)`: the sm90 Gluon attention kernel
     (`attnfuse/targets/triton/gluon_sm90.py`, `attn_fwd_sm90`) on a k holding its transforms

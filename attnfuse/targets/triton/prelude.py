@@ -7,6 +7,7 @@ function calls.
   rotate at explicit positions;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
   compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`);
+- `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
 - `_cdiv(a, b)`: the grids' ceiling division.
 
 Generated modules must stay standalone (a cached kernel file is all that is imported), so
@@ -129,6 +130,26 @@ def _fitting(kernel, grid, num_warps, num_stages, args):
             continue
         _STAGES[key] = stages
         return binary
+
+
+_SMS = {}
+
+
+def _decode_splits(rows, length, block_n, waves, min_keys, fixed, device):
+    """(splits, keys per split) of a decode launch over a cache of `length` keys for `rows`
+    (batch x KV heads) programs: `fixed` splits, or enough to fill `waves` programs per SM, at most
+    one per `min_keys` keys; never more than the cache's blocks of `block_n` keys, and each split
+    a whole number of blocks (the interpreter counts 4 SMs)."""
+    blocks = max(-(-length // block_n), 1)
+    splits = fixed
+    if not splits:
+        sms = _SMS.get(device)
+        if sms is None:
+            cuda = device.type == "cuda"
+            sms = _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+        splits = min(-(-waves * sms // max(rows, 1)), -(-length // min_keys))
+    per = -(-blocks // max(1, min(splits, blocks))) * block_n
+    return -(-max(length, 1) // per), per
 
 
 def _cdiv(a, b):

@@ -409,6 +409,14 @@ class TritonPrinter:
                 case tl.HostSumOp():
                     dims = ", ".join(str(d.value.data) for d in h.dims)
                     self.line(f"{h.var.data} = {h.source.data}.sum(({dims},)).to({h.dtype.data})")
+                case tl.HostAssignOp():
+                    self.line(f"{h.var.data} = {h.value.data}")
+                case tl.DecodeSplitsOp():
+                    ints = ", ".join(str(a.value.data) for a in (h.block_n, h.waves, h.min_keys, h.fixed))
+                    self.line(
+                        f"{h.splits.data}, {h.keys.data} = _decode_splits({h.rows.data}, {h.length.data}, {ints}, "
+                        f"{h.device.data})"
+                    )
                 case tl.HostReturnOp():
                     self.line(f"return {', '.join(v.data for v in h.values)}")
                 case tl.HostIfOp():
