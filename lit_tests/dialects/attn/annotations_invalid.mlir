@@ -1,6 +1,6 @@
 // RUN: ATTN_VERIFY
 // RUN: echo 'builtin.module attributes {p = #attn.placement<kv-loop>} {}' | not attnfuse-opt 2>&1 | filecheck %s --check-prefix=ENUM
-// ENUM: Expected `q_prologue`, `kv_loop`, or `prerotate`.
+// ENUM: Expected `q_prologue`, `kv_loop`, `prerotate`, or `cache`.
 
 // Misspelt or mistyped pass annotations, one per chunk: each is a parse or verifier error.
 
@@ -8,7 +8,7 @@ func.func @placement_as_string(%q: tensor<?x4x?x64xf16>) {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 64 {placement = "kv_loop"} : tensor<?x4x?x64xf16>
   func.return
 }
-// CHECK: attn.rope annotation 'placement' must be an #attn.placement<q_prologue|kv_loop|prerotate>, got "kv_loop"
+// CHECK: attn.rope annotation 'placement' must be an #attn.placement<q_prologue|kv_loop|prerotate|cache>, got "kv_loop"
 
 // -----
 
@@ -16,7 +16,7 @@ func.func @placement_on_scale(%k: tensor<?x4x?x64xf16>) {
   %ks = attn.scale %k value = 2.0 {placement = 1 : i32} : tensor<?x4x?x64xf16>
   func.return
 }
-// CHECK: attn.scale annotation 'placement' must be an #attn.placement<q_prologue|kv_loop|prerotate>, got 1 : i32
+// CHECK: attn.scale annotation 'placement' must be an #attn.placement<q_prologue|kv_loop|prerotate|cache>, got 1 : i32
 
 // -----
 

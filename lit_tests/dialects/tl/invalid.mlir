@@ -217,3 +217,19 @@ tl.kernel @gather_float_index(%n: i32) {
   tl.return
 }
 // CHECK: tl.gather index must be an integer tile, got !tl.tile<f32>
+
+// -----
+
+// A decode launch splits its cache into blocks of at least one key.
+tl.launcher "launch"(["q", "k"]) {
+  tl.decode_splits "splits", "keys" rows "q.shape[0]" length "k.shape[2]" block_n 0 waves 2 min_keys 256 fixed 0 device "q.device"
+}
+// CHECK: tl.decode_splits block_n must be >= 1
+
+// -----
+
+// A fixed split count is 0 (the cost model) or more.
+tl.launcher "launch"(["q", "k"]) {
+  tl.decode_splits "splits", "keys" rows "q.shape[0]" length "k.shape[2]" block_n 64 waves 2 min_keys 256 fixed -1 device "q.device"
+}
+// CHECK: tl.decode_splits fixed must be >= 0 (0: the cost model)

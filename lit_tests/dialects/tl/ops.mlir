@@ -85,6 +85,8 @@ tl.launcher "launch"(["x", "ids"]) {
   tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
   tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
+  tl.decode_splits "splits", "split_keys" rows "x.shape[0] * 2" length "ids.shape[1] * 16" block_n 64 waves 2 min_keys 256 fixed 0 device "x.device"
+  tl.host_assign "rows" = "max(16, x.shape[0])"
   tl.host_if "_gluon_fits(x, x, x, 2048)" {
     tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
     tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]
@@ -177,6 +179,8 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
 // CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
+// CHECK-NEXT:     tl.decode_splits "splits", "split_keys" rows "x.shape[0] * 2" length "ids.shape[1] * 16" block_n 64 waves 2 min_keys 256 fixed 0 device "x.device"
+// CHECK-NEXT:     tl.host_assign "rows" = "max(16, x.shape[0])"
 // CHECK-NEXT:     tl.host_if "_gluon_fits(x, x, x, 2048)" {
 // CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
 // CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]

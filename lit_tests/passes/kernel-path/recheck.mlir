@@ -31,7 +31,7 @@ func.func @d32(%q: tensor<?x2x?x32xbf16>, %k: tensor<?x2x?x32xbf16>, %v: tensor<
 // -----
 
 // A path the compiler does not know.
-// CHECK:  func @unknown: attn.kernel_path must be a dictionary with path = "gluon-sm90" or "triton", got {path = "cuda"}
+// CHECK:  func @unknown: attn.kernel_path must be a dictionary with path = "gluon-sm90", "triton" or "decode", got {path = "cuda"}
 func.func @unknown(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "cuda"}, attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
   %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
@@ -78,6 +78,28 @@ func.func @ok(%q: tensor<?x2x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor
 // dQ by reduce-adds is the Gluon backward's option: a forward does not take it.
 // CHECK:  func @fwd_reduce: attn.kernel_path dq = "reduce": only a backward on "gluon-sm90" takes dq = "reduce"
 func.func @fwd_reduce(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, dq = "reduce"}, attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
+  %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
+  %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
+  %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x64xf16> -> tensor<?x2x?x64xf16>
+  func.return %o : tensor<?x2x?x64xf16>
+}
+
+// -----
+
+// A decode entry with a page size the decode kernel does not take.
+// CHECK:  func @bad_page: attn.kernel_path page_size must be 0 (contiguous) or a power of two in [16, 256], got 48
+func.func @bad_page(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "decode", page_size = 48 : i64, waves = 2 : i64, min_split_keys = 256 : i64, splits = 0 : i64}, attn.tiling = {block_m = 16 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
+  %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
+  %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
+  %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x64xf16> -> tensor<?x2x?x64xf16>
+  func.return %o : tensor<?x2x?x64xf16>
+}
+
+// -----
+
+// A decode entry without its split cost model.
+// CHECK:  func @no_waves: attn.kernel_path "decode" needs an integer waves, got None
+func.func @no_waves(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "decode", page_size = 0 : i64}, attn.tiling = {block_m = 16 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
   %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
   %o = attn.pv %p, %v : !attn.probs<2>, tensor<?x2x?x64xf16> -> tensor<?x2x?x64xf16>
