@@ -18,6 +18,7 @@ needing a gradient is an `AttnFuseError`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -206,6 +207,12 @@ def _check_decode_values(
         )
 
 
+DecodeRun = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[object, ...], "torch.Tensor | None"], torch.Tensor
+]
+"""How one decode signature runs: (q, k_cache, v_cache, cache_seqlens int32, extras, page_table) -> out."""
+
+
 def decode(
     variant: Variant,
     q: torch.Tensor,
@@ -220,61 +227,86 @@ def decode(
     last Lq positions of sequences whose first `cache_seqlens[b]` positions the cache holds (see
     the module docstring). With `check` (the default) the lengths and the page table's entries
     are checked against the cache, which costs one device-to-host copy; `check=False` skips it
-    (and is what CUDA-graph capture needs)."""
+    (and is what CUDA-graph capture needs).
+
+    A signature seen before (backend, device, dtype, heads, head dims, page size, capacity, the
+    extras' dtypes and shapes) skips tracing and kernel lookup: its run is kept on the variant."""
     page, capacity = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table)
     if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(cache_seqlens, capacity, page_table, page, k_cache.shape[0])
     if cache_seqlens.dtype != torch.int32:
         cache_seqlens = cache_seqlens.to(torch.int32)
-    batch, hq, _, d = q.shape
+    inputs = (q, k_cache, v_cache, *extras)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        raise AttnFuseError(
+            f"{variant.__name__}.decode is inference-only and builds no backward, but an input requires grad; "
+            "run it under torch.no_grad(), or call the variant itself for a differentiable output"
+        )
+    backend_name = launch.current_backend()
+    key: tuple[Any, ...] = (backend_name, q.device, q.dtype, q.shape[1], q.shape[3], v_cache.shape[3], page, capacity)
+    key += tuple((x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras)
+    try:
+        run = variant._decode_hot[key]
+    except (KeyError, TypeError):
+        run = _prepare_decode(variant, backend_name, q, k_cache, v_cache, extras, page, capacity)
+        try:
+            variant._decode_hot[key] = run
+        except TypeError:  # an unhashable constant: no hot path for this signature
+            pass
+    if q.shape[0] == 0:
+        return q.new_zeros((0, q.shape[1], q.shape[2], v_cache.shape[3]))
+    return run(q, k_cache, v_cache, cache_seqlens, extras, page_table)
+
+
+def _prepare_decode(
+    variant: Variant,
+    backend_name: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    extras: tuple[object, ...],
+    page: int,
+    capacity: int,
+) -> DecodeRun:
+    """Trace and validate a new decode signature and find its kernels: how it runs."""
+    batch, _, _, d = q.shape
     hkv = k_cache.shape[2 if page else 1]
     k_l = _stand_in(k_cache, (batch, hkv, capacity, d))
     v_l = _stand_in(v_cache, (batch, hkv, capacity, v_cache.shape[3]))
     trace, full = variant._validated_trace(q, k_l, v_l, extras)
     validation.check_against_trace(trace, q, k_l, v_l, extras)
-    tensors = [x for x in full if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache, *tensors)):
-        raise AttnFuseError(
-            f"{variant.__name__}.decode is inference-only and builds no backward, but an input requires grad; "
-            "run it under torch.no_grad(), or call the variant itself for a differentiable output"
-        )
-    if batch == 0:
-        return q.new_zeros((0, hq, q.shape[2], v_cache.shape[3]))
-    mode = launch.kernel_mode(launch.current_backend(), q)
-    if mode == "interpret" and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong
-        f32 = [cast(torch.Tensor, launch.as_float32(t)) for t in (q, k_cache, v_cache)]
-        extras32 = tuple(launch.as_float32(x) for x in extras)
-        out = decode(variant, *f32, cache_seqlens, *extras32, page_table=page_table, check=False)
-        return out.to(torch.bfloat16)
+    n_given = len(extras)
+    tail = full[n_given:]
+
+    def tensors_of(given: tuple) -> list[torch.Tensor]:
+        return [x for x in (*given, *tail) if isinstance(x, torch.Tensor)]
+
+    mode = launch.kernel_mode(launch.check_backend(backend_name, "af.backend"), q)
     if mode == "reference":
-        return _reference_decode(trace, q, k_cache, v_cache, cache_seqlens, tensors, page_table, page)
-    return _kernel_decode(trace, q, k_l, v_l, k_cache, v_cache, cache_seqlens, tensors, page_table, page, mode)
-
-
-def _kernel_decode(
-    trace: dsl.Trace,
-    q: torch.Tensor,
-    k_l: torch.Tensor,
-    v_l: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    tensors: list[torch.Tensor],
-    page_table: torch.Tensor | None,
-    page: int,
-    mode: str,
-) -> torch.Tensor:
-    interpret = mode == "interpret"
+        return lambda q, k, v, lens, ex, table: _reference_decode(trace, q, k, v, lens, tensors_of(ex), table, page)
     if q.dtype == torch.float64:
         raise AttnFuseError(
             f"decode: q, k_cache and v_cache are float64, which the {mode} backend does not run; "
             "af.backend('reference') computes float64 calls in float64"
         )
-    if interpret:
-        launch.warn_if_slow(q, k_l)
+    interpret = mode == "interpret"
+    if interpret and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong: float32 kernels
+
+        def via_float32(q, k, v, lens, ex, table):  # type: ignore[no-untyped-def]
+            f32 = [cast(torch.Tensor, launch.as_float32(t)) for t in (q, k, v)]
+            ex32 = tuple(launch.as_float32(x) for x in ex)
+            return decode(variant, *f32, lens, *ex32, page_table=table, check=False).to(torch.bfloat16)
+
+        return via_float32
     _, run, _ = launch.load_kernel(trace, q, k_l, v_l, interpret, direction="decode", page_size=page)
-    paged = (page_table,) if page_table is not None else ()
-    return run(q, k_cache, v_cache, *tensors, cache_seqlens, *paged, lse=launch.lse_workspace(q))[0]
+
+    def kernels(q, k, v, lens, ex, table):  # type: ignore[no-untyped-def]
+        if interpret:
+            launch.warn_if_slow(q, k)
+        paged = () if table is None else (table,)
+        return run(q, k, v, *tensors_of(ex), lens, *paged, lse=launch.lse_workspace(q))[0]
+
+    return kernels
 
 
 _DECODE_MODULES: dict[str, ModuleOp] = {}

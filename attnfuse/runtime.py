@@ -105,6 +105,7 @@ def clear_caches() -> None:
     for v in list(_VARIANTS):
         v._traces.clear()
         v._hot.clear()
+        v._decode_hot.clear()
         v._last = None
 
 
@@ -252,6 +253,7 @@ class Variant:
         self._traces: dict[tuple[Any, ...], dsl.Trace] = {}
         self._hot: dict[tuple[Any, ...], _Entry] = {}
         self._last: dsl.Trace | None = None
+        self._decode_hot: dict[tuple[Any, ...], inference.DecodeRun] = {}
         self._handle = autograd.variant_handle(self)
         _VARIANTS.add(self)
 

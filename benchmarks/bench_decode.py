@@ -7,8 +7,9 @@ and flash backends and compiled flex_attention, one query token per sequence, Ll
 
 Rows (JSON key `impl`):
 - `attnfuse` (a plain causal variant), `attnfuse_rope` (Llama 3's RoPE on the query, in the
-  kernel), `attnfuse_softcap_window` (Gemma 2's softcap 50 and a 4096 window),
-  `attnfuse_sinks` (gpt-oss's sinks and a 128 window): contiguous cache [B, Hkv, S, D];
+  kernel), `attnfuse_softcap` (Gemma 2's softcap 50), `attnfuse_sinks` (gpt-oss's sinks):
+  contiguous cache [B, Hkv, S, D], every key read (no window, so the rows compare the score
+  ops' cost with the plain row's);
   `attnfuse_paged64`, `attnfuse_paged16`: the plain variant on a paged pool (pages shuffled);
 - `sdpa_cudnn`, `sdpa_flash`: `scaled_dot_product_attention(..., enable_gqa=True)` under
   `sdpa_kernel(<backend>)` (no mask: one query at the last position sees every key);
@@ -63,24 +64,29 @@ def rope(q, k, v):
 
 
 @af.variant
-def softcap_window(q, k, v):
-    s = af.mask(af.softcap(af.qk(q, k), 50.0), af.sliding_window(4096))
+def softcap(q, k, v):
+    s = af.mask(af.softcap(af.qk(q, k), 50.0), af.causal)
     return af.pv(af.softmax(s), v)
 
 
 @af.variant
-def sinks_window(q, k, v, sinks):
-    return af.pv(af.softmax(af.mask(af.qk(q, k), af.sliding_window(128)), sink=sinks), v)
+def sinks(q, k, v, sinks):
+    return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal), sink=sinks), v)
 
 
-def paged(cache: torch.Tensor, page: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, H, S, D] scattered over a shuffled pool [pages, page, H, D]; (pool, page table)."""
-    b, h, s, d = cache.shape
+def page_table(b: int, s: int, page: int, g: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Shuffled pages: sequence i's j-th page of `page` keys is pool page table[i, j]."""
     per = -(-s // page)
-    table = torch.randperm(b * per, generator=g).view(b, per).to(device=cache.device, dtype=torch.int32)
+    return torch.randperm(b * per, generator=g).view(b, per).to(device=device, dtype=torch.int32)
+
+
+def paged(cache: torch.Tensor, table: torch.Tensor, page: int) -> torch.Tensor:
+    """[B, H, S, D] scattered over a pool [pages, page, H, D] by `table` (S a multiple of page)."""
+    b, h, s, d = cache.shape
+    per = table.shape[1]
     pool = torch.empty((b * per, page, h, d), dtype=cache.dtype, device=cache.device)
     pool[table.long().flatten()] = cache.view(b, h, per, page, d).permute(0, 2, 3, 1, 4).reshape(-1, page, h, d)
-    return pool, table
+    return pool
 
 
 def device_ms(fn: Callable[[], Any], args: argparse.Namespace) -> float:
@@ -100,17 +106,17 @@ def eager_us(fn: Callable[[], Any], calls: int = 200) -> float:
     return (time.perf_counter() - t) / calls * 1e6
 
 
-def implementations(q, k, v, seqlens, sinks, smoke: bool) -> dict[str, Callable[[], torch.Tensor]]:
+def implementations(q, k, v, seqlens, sink_logits, smoke: bool) -> dict[str, Callable[[], torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     impls: dict[str, Callable[[], torch.Tensor]] = {
         "attnfuse": lambda: plain.decode(q, k, v, seqlens, check=False),
         "attnfuse_rope": lambda: rope.decode(q, k, v, seqlens, check=False),
-        "attnfuse_softcap_window": lambda: softcap_window.decode(q, k, v, seqlens, check=False),
-        "attnfuse_sinks": lambda: sinks_window.decode(q, k, v, seqlens, sinks, check=False),
+        "attnfuse_softcap": lambda: softcap.decode(q, k, v, seqlens, check=False),
+        "attnfuse_sinks": lambda: sinks.decode(q, k, v, seqlens, sink_logits, check=False),
     }
     for page in (64, 16):
-        pk, table = paged(k, page, g)
-        pv, _ = paged(v, page, g.manual_seed(0))
+        table = page_table(k.shape[0], k.shape[2], page, g, k.device)
+        pk, pv = paged(k, table, page), paged(v, table, page)
         impls[f"attnfuse_paged{page}"] = lambda pk=pk, pv=pv, t=table: plain.decode(
             q, pk, pv, seqlens, page_table=t, check=False
         )
@@ -133,20 +139,18 @@ def implementations(q, k, v, seqlens, sinks, smoke: bool) -> dict[str, Callable[
     return impls
 
 
-def reference(q, k, v, impl: str, sinks: torch.Tensor) -> torch.Tensor:
+def reference(q, k, v, impl: str, sink_logits: torch.Tensor) -> torch.Tensor:
     """The float32 formula of row `impl`'s variant for the one query at the last position."""
     kf = k.float().repeat_interleave(HQ // HKV, 1)
     vf = v.float().repeat_interleave(HQ // HKV, 1)
     s = (q.float() @ kf.transpose(-1, -2)) / D**0.5
-    n = k.shape[2]
     if impl == "attnfuse_rope":
+        n = k.shape[2]
         return rope.decode(q, k, v, torch.full((q.shape[0],), n, dtype=torch.int32, device=q.device)).float()
-    if impl == "attnfuse_softcap_window":
+    if impl == "attnfuse_softcap":
         s = 50.0 * torch.tanh(s / 50.0)
-        s[..., : max(n - 4096, 0)] = float("-inf")
     if impl == "attnfuse_sinks":
-        s[..., : max(n - 128, 0)] = float("-inf")
-        s = torch.cat([s, sinks.view(1, HQ, 1, 1).expand(q.shape[0], HQ, 1, 1).float()], -1)
+        s = torch.cat([s, sink_logits.view(1, HQ, 1, 1).expand(q.shape[0], HQ, 1, 1).float()], -1)
         return s.softmax(-1)[..., :-1] @ vf
     return s.softmax(-1) @ vf
 
@@ -170,17 +174,17 @@ def main() -> None:
         q = torch.randn(b, hq, 1, d, device=device, dtype=dtype)
         k = torch.randn(b, hkv, n, d, device=device, dtype=dtype)
         v = torch.randn(b, hkv, n, d, device=device, dtype=dtype)
-        sinks = torch.randn(hq, device=device)
+        sink_logits = torch.randn(hq, device=device)
         seqlens = torch.full((b,), n, dtype=torch.int32, device=device)
         nbytes = 2 * b * hkv * n * d * k.element_size()
         backend = af.backend("interpret" if smoke else "triton")
         with backend, torch.no_grad():
-            for impl, fn in implementations(q, k, v, seqlens, sinks, smoke).items():
+            for impl, fn in implementations(q, k, v, seqlens, sink_logits, smoke).items():
                 row: dict[str, Any] = {"impl": impl, "batch": b, "context": n}
                 try:
                     out = fn()
                     if not smoke:
-                        ref = reference(q, k, v, impl, sinks)
+                        ref = reference(q, k, v, impl, sink_logits)
                         err = (out.float() - ref).abs().max().item()
                         row["max_err"] = err
                         if err > 2e-2:
