@@ -13,8 +13,9 @@ positions. The kernels are flash-decoding's:
   sequence's length only: nothing past `cache_seqlens[b]` is read. A paged cache's blocks are
   found through the page table. The program writes its normalised partial output and base-2
   log-sum-exp into fp32 workspaces.
-- `attn_decode_combine`: one program per (batch, KV head): the splits' partials weighted by
-  their log-sum-exps, the sink counted once, the output and its natural-log lse written.
+- `attn_decode_combine`: one program per (batch, KV head, packed row): that row's partials of
+  every split weighted by their log-sum-exps, the sink counted once, the output row and its
+  natural-log lse written.
 
 The launcher chooses the splits by kernel-path's cost model (`tl.decode_splits`) and the packed
 tile's rows from the group size and Lq (a power of two, at least the tiling's BLOCK_M).
@@ -35,6 +36,8 @@ from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
+COMBINE_CHUNK = 16
+"""Splits the combine kernel merges at a time."""
 SEQLENS = "cache_seqlens"
 PAGE_TABLE = "page_table"
 
@@ -172,8 +175,8 @@ class DecodeLowering(KernelLowering):
         part = kb.div(acc, kb.row(l_safe), hint="o_split")
         lse2 = kb.where(empty, NEG_INF, kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), hint="lse_split")
         slot = self.slot(kb, pid_bh, n_splits, split, block_m, rows)
-        kb.store(kb.add(o_part, kb.add(kb.row(kb.mul(slot, self.dvp)), kb.col(offs_dv))), part)
-        kb.store(kb.add(l_part, slot), lse2)
+        kb.store(kb.add(o_part, kb.add(kb.row(kb.mul(slot, self.dvp)), kb.col(offs_dv))), part, kb.row(row_ok))
+        kb.store(kb.add(l_part, slot), lse2, row_ok)
         p.block.add_op(tl.ReturnOp())
         q_name = self.host_name(chains.q_arg)
         grid = [f"{q_name}.shape[0] * {self.hkv}", "splits"]
@@ -286,7 +289,9 @@ class DecodeLowering(KernelLowering):
 
     # ------------------------------------------------------------------ attn_decode_combine
     def combine_kernel(self) -> KernelCall:
-        """`attn_decode_combine`: the splits' partials weighted by their lse, the sink, the output."""
+        """`attn_decode_combine`: one program per (batch x KV head, packed row): the splits'
+        partials of that row, `COMBINE_CHUNK` splits at a time, weighted by their lse; the sink;
+        the output row and its lse."""
         chains = self.chains
         p = Params()
         kb = KernelBuilder(p, p.block)
@@ -298,22 +303,35 @@ class DecodeLowering(KernelLowering):
         nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
         n_splits = p.param("N_SPLITS", i32, "splits")
         block_m = p.param("BLOCK_M", i32, "block_m", constexpr=True)
+        chunk = p.param("CHUNK", i32, str(COMBINE_CHUNK), constexpr=True)
         pid_bh, b, hk, b_off, _ = self.program(kb)
-        rows, qi, h, row_ok = self.packed_rows(kb, block_m, nq, hk)
+        row = kb.emit(tl.ProgramIdOp(1), "row")
+        qi = kb.rem(row, nq, hint="qi")
+        h = kb.add(kb.mul(hk, self.group), kb.floordiv(row, nq), hint="h")
+        offs_s = kb.arange(chunk, hint="offs_s")
         offs_dv = kb.arange(self.dvp, hint="offs_dv")
         carried = {
-            "m_i": kb.full([block_m], NEG_INF, f32, hint="m_i"),
-            "l_i": kb.full([block_m], 0.0, f32, hint="l_i"),
-            "acc": kb.full([block_m, self.dvp], 0.0, f32, hint="acc"),
+            "m_i": kb.full([], NEG_INF, f32, hint="m_i"),
+            "l_i": kb.full([], 0.0, f32, hint="l_i"),
+            "acc": kb.full([self.dvp], 0.0, f32, hint="acc"),
         }
 
-        def merge(ib: KernelBuilder, s: SSAValue, c: dict[str, SSAValue]) -> dict[str, SSAValue]:
-            slot = self.slot(ib, pid_bh, n_splits, s, block_m, rows)
-            lse_s = ib.load(ib.add(l_part, slot), hint="lse_s")
-            o_s = ib.load(ib.add(o_part, ib.add(ib.row(ib.mul(slot, self.dvp)), ib.col(offs_dv))), hint="o_s")
-            return self.merge(ib, c, lse_s, o_s)
+        def merge(ib: KernelBuilder, s0: SSAValue, c: dict[str, SSAValue]) -> dict[str, SSAValue]:
+            split = ib.add(s0, offs_s, hint="split")
+            ok = ib.cmp("<", split, n_splits, hint="split_ok")
+            slot = self.slot(ib, pid_bh, n_splits, split, block_m, row)
+            lse_s = ib.load(ib.add(l_part, slot), ok, NEG_INF, hint="lse_s")
+            o_ptr = ib.add(o_part, ib.add(ib.row(ib.mul(slot, self.dvp)), ib.col(offs_dv)))
+            o_s = ib.load(o_ptr, ib.row(ok), 0.0, hint="o_s")
+            m_new = ib.maximum(c["m_i"], ib.reduce("max", lse_s, 0), hint="m_new")
+            m_safe = ib.where(ib.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
+            alpha = ib.unary(tl.Exp2Op, ib.sub(c["m_i"], m_safe), hint="alpha")
+            w = ib.unary(tl.Exp2Op, ib.sub(lse_s, m_safe), hint="w")
+            l_new = ib.add(ib.mul(c["l_i"], alpha), ib.reduce("sum", w, 0), hint="l_new")
+            acc = ib.add(ib.mul(c["acc"], alpha), ib.reduce("sum", ib.mul(o_s, ib.row(w)), 0), hint="acc_new")
+            return {"m_i": m_new, "l_i": l_new, "acc": acc}
 
-        m_i, l_i, acc = kb.loop(0, n_splits, 1, carried, merge, iv_name="s").values()
+        m_i, l_i, acc = kb.loop(0, n_splits, chunk, carried, merge, iv_name="s0").values()
         sink_arg = chains.softmax.sink
         if sink_arg is not None:
             sink = self.tensor(p, sink_arg)
@@ -322,37 +340,24 @@ class DecodeLowering(KernelLowering):
                 LOG2E,
                 hint="sink2",
             )
-            m_i, l_i, acc = self.merge(kb, {"m_i": m_i, "l_i": l_i, "acc": acc}, sk, None).values()
+            m_new = kb.maximum(m_i, sk, hint="m_sink")
+            alpha = kb.unary(tl.Exp2Op, kb.sub(m_i, m_new))
+            l_i = kb.add(kb.mul(l_i, alpha), kb.unary(tl.Exp2Op, kb.sub(sk, m_new)), hint="l_sink")
+            acc, m_i = kb.mul(acc, alpha), m_new
         empty = kb.cmp("==", l_i, 0.0, hint="empty_row")
         l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
-        o = kb.cast(kb.div(acc, kb.row(l_safe)), self.dtype, hint="out")
+        o = kb.cast(kb.div(acc, l_safe), self.dtype, hint="out")
         o_row = kb.add(kb.mul(kb.cast(h, i64), out.strides[1]), kb.mul(kb.cast(qi, i64), out.strides[2]), hint="o_row")
-        o_base = kb.add(out.ptr, kb.mul(b_off, out.strides[0]))
-        o_ptr = kb.add(kb.add(o_base, kb.row(o_row)), kb.mul(kb.col(offs_dv), out.strides[3]), hint="o_ptr")
-        omask = kb.row(row_ok)
-        if self.dvp != self.dv:
-            omask = kb.and_(omask, kb.col(kb.cmp("<", offs_dv, self.dv)))
-        kb.store(o_ptr, o, omask)
+        o_base = kb.add(kb.add(out.ptr, kb.mul(b_off, out.strides[0])), o_row)
+        o_ptr = kb.add(o_base, kb.mul(offs_dv, out.strides[3]), hint="o_ptr")
+        kb.store(o_ptr, o, kb.cmp("<", offs_dv, self.dv) if self.dvp != self.dv else None)
         lse_v = kb.where(empty, NEG_INF, kb.mul(kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), LN2), hint="lse")
         lse_row = kb.add(kb.mul(kb.add(kb.mul(kb.cast(b, i64), self.hq), kb.cast(h, i64)), nq), kb.cast(qi, i64))
-        kb.store(kb.add(lse, lse_row), lse_v, row_ok)
+        kb.store(kb.add(lse, lse_row), lse_v)
         p.block.add_op(tl.ReturnOp())
-        grid = [f"{self.host_name(chains.q_arg)}.shape[0] * {self.hkv}"]
+        q = self.host_name(chains.q_arg)
+        grid = [f"{q}.shape[0] * {self.hkv}", f"{self.group} * {q}.shape[2]"]
         return KernelCall(self.kernel("attn_decode_combine", p), p, grid, 4, 1)
-
-    @staticmethod
-    def merge(kb: KernelBuilder, c: dict[str, SSAValue], lse2: SSAValue, o: SSAValue | None) -> dict[str, SSAValue]:
-        """Fold a part of base-2 lse `lse2` and normalised output `o` (None: a sink, whose value
-        contributes nothing) into the running (max, sum, output)."""
-        m_new = kb.maximum(c["m_i"], lse2, hint="m_new")
-        m_safe = kb.where(kb.cmp("==", m_new, NEG_INF), 0.0, m_new, hint="m_safe")
-        alpha = kb.unary(tl.Exp2Op, kb.sub(c["m_i"], m_safe), hint="alpha")
-        w = kb.unary(tl.Exp2Op, kb.sub(lse2, m_safe), hint="w")
-        l_new = kb.add(kb.mul(c["l_i"], alpha), w, hint="l_new")
-        acc = kb.mul(c["acc"], kb.row(alpha), hint="acc_scaled")
-        if o is not None:
-            acc = kb.add(acc, kb.mul(o, kb.row(w)), hint="acc_new")
-        return {"m_i": m_new, "l_i": l_new, "acc": acc}
 
     # ------------------------------------------------------------------ the launcher
     def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:

@@ -29,7 +29,10 @@ from attnfuse.passes.kernel_path import DECODE, kernel_path
 # and 1.00-1.02x without (benchmarks/results/h200/run_2026-12-01_gluon/).
 # Class `decode` (kernel-path's decode path): BLOCK_M is the fewest rows of the packed query tile
 # (the launcher takes the next power of two of query heads per KV head x queries, at least this),
-# BLOCK_N the keys of each step; unmeasured defaults until the decode sweep.
+# BLOCK_N the keys of each step. sm90 at head dim 128: the winner of the 18-configuration sweep on the
+# lent H200 (2026-12-02, benchmarks/results/h200/run_2026-12-02_decode/sweep_decode.md: BN 64, 4 warps,
+# 2 stages fastest or within 1% at batch 8 to 128, 4% below BN 64 / 3 stages at 1 x 4k); the others
+# are unmeasured defaults.
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
@@ -55,7 +58,7 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (80, 128, "bwd"): (64, 32, 4, 1),
     (80, 256, "bwd"): (32, 32, 4, 1),
     (90, 64, "decode"): (16, 128, 4, 3),
-    (90, 128, "decode"): (16, 64, 4, 3),
+    (90, 128, "decode"): (16, 64, 4, 2),
     (90, 256, "decode"): (16, 32, 4, 2),
     (80, 64, "decode"): (16, 64, 4, 2),
     (80, 128, "decode"): (16, 64, 4, 2),

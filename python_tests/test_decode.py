@@ -287,3 +287,37 @@ def test_unused_slots_are_never_read():
     with af.backend("interpret"):
         out = variants.mistral.decode(q, k, v, torch.tensor([3, 0], dtype=torch.int32))
     assert torch.isfinite(out).all() and (out[1] == 0).all()
+
+
+# ------------------------------------------------------------------------------ sm 90, no GPU
+
+
+@pytest.mark.parametrize(("page", "family"), [(None, 5), (16, 3), (128, 2)])
+def test_decode_kernels_compile_for_sm90(page, family, tmp_path):
+    """The decode and combine kernels of a variant compile for sm 90 on the CPU (Triton's compiler
+    and ptxas) with the tiling's launch shape, within the shared memory of one SM: contiguous, small
+    pages and pages of a block or more."""
+    from kernel_harness import compile_for_sm90
+
+    var, extras = _families(8)[family]
+    q = torch.zeros(2, 8, 1, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 512, 128, dtype=torch.bfloat16)
+    extras = tuple(x.to(torch.bfloat16) if x.is_floating_point() and x.dim() == 1 and x.numel() == D else x
+                   for x in extras)
+    if family == 3:  # QK-norm weights of the head dim
+        extras = (torch.ones(128), torch.ones(128))
+    module = var.ir_module(q, k, k, *extras)
+    source = compile_module(module, sm=90, direction="decode", page_size=page or 0).source
+    mod = load_source(source, tmp_path, interpret=False)
+    calls = []
+    mod._launch = lambda kernel, grid, warps, stages, *a: calls.append((kernel, warps, stages, a))
+    lens = torch.tensor([300, 7], dtype=torch.int32)
+    paged = (torch.zeros(2, 512 // page, dtype=torch.int32),) if page else ()
+    cache = torch.zeros(8, page, 2, 128, dtype=torch.bfloat16) if page else k
+    mod.launch(q, cache, cache, *extras, lens, *paged)
+    names = set()
+    for kernel, warps, stages, a in calls:
+        binary = compile_for_sm90(kernel, a, num_warps=warps, num_stages=stages)
+        assert binary.metadata.shared <= 232448, (kernel.__name__, binary.metadata.shared)  # sm 90's 227 KiB
+        names.add(kernel.__name__)
+    assert names == {"attn_decode", "attn_decode_combine"}

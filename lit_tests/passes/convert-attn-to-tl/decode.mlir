@@ -28,7 +28,7 @@
 // CHECK:        tl.decode_splits "splits", "split_keys" rows "q.shape[0] * 2" length "k.shape[2]" block_n 128 waves 2 min_keys 256 fixed 0 device "q.device"
 // CHECK-NEXT:   tl.host_assign "block_m" = "max(16, 1 << (2 * q.shape[2] - 1).bit_length())"
 // CHECK:        tl.call "attn_decode" grid ["q.shape[0] * 2", "splits"]
-// CHECK-NEXT:   tl.call "attn_decode_combine" grid ["q.shape[0] * 2"]
+// CHECK-NEXT:   tl.call "attn_decode_combine" grid ["q.shape[0] * 2", "2 * q.shape[2]"]
 
 // Pages smaller than a block of keys: a page per key, masked to the sequence's length.
 // PAGE16:      %pages = tl.load {{.*}} mask %kv_ok

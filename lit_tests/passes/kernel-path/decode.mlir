@@ -12,7 +12,7 @@
 // CHECK:  attn.kernel_path = {path = "decode", page_size = 0 : i64, waves = 2 : i64, min_split_keys = 256 : i64, splits = 0 : i64}
 // PAGED:  attn.kernel_path = {path = "decode", page_size = 64 : i64, waves = 2 : i64, min_split_keys = 256 : i64, splits = 8 : i64}
 // PAGED-SAME: attn.rope_fusion = {k = "cache", reason = "a decode kernel reads K as cache_keys wrote it"}
-// PAGED-SAME: attn.tiling = {block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 3 : i64, class = "decode"}
+// PAGED-SAME: attn.tiling = {block_m = 16 : i64, block_n = 64 : i64, num_warps = 4 : i64, num_stages = 2 : i64, class = "decode"}
 // PAGED:      attn.rope %q {{.*}}placement = #attn.placement<q_prologue>
 // PAGED-NEXT: attn.rope %k {{.*}}placement = #attn.placement<cache>
 // TANH:   tanh = "approx"
