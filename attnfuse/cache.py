@@ -173,14 +173,15 @@ def triton_version() -> str:
     return triton.__version__
 
 
-DIRECTIONS = ("fwd", "bwd", "decode")
+DIRECTIONS = ("fwd", "bwd", "decode", "varlen")
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """Everything a kernel's key covers, besides versions. `direction` is "fwd" (the
-    forward: out and lse), "bwd" (the backward) or "decode" (the decode kernels over a KV
-    cache, `page_size` 0 for a contiguous one, `splits` 0 for the cost model's); `wrt` are the
+    forward: out and lse), "bwd" (the backward), "decode" (the decode kernels over a KV
+    cache, `page_size` 0 for a contiguous one, `splits` 0 for the cost model's) or "varlen" (the
+    forward over packed sequences); `wrt` are the
     indices of the function arguments a backward kernel differentiates (0, 1, 2 for q, k, v,
     3... for the extra tensors, in order), empty for a forward."""
 
@@ -212,6 +213,8 @@ class KernelSpec:
         `decode_splits` for decode kernels."""
         if self.direction == "decode":
             return {"direction": "decode", "page_size": self.page_size, "decode_splits": self.splits}
+        if self.direction == "varlen":
+            return {"direction": "varlen"}
         return {} if self.direction == "fwd" else {"direction": self.direction, "wrt": self.wrt}
 
     def key(self) -> str:

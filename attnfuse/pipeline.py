@@ -64,6 +64,8 @@ class AttnFusePipelinePass(ModulePass):
     """kernel-path's page-size (with `decode`): 0 for a contiguous cache, else the page size."""
     decode_splits: int = 0
     """kernel-path's splits (with `decode`): a fixed number of cache splits; 0: its cost model."""
+    varlen: bool = False
+    """kernel-path's varlen: compile the forward over packed sequences (`Variant.varlen`)."""
     backward: bool = False
     """Compile the backward (attn-autodiff first) instead of the forward."""
     wrt: tuple[int, ...] = ()
@@ -105,6 +107,7 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             decode=o.decode,
             page_size=o.page_size,
             splits=o.decode_splits,
+            varlen=o.varlen,
         ),
     ),
     ("rope-fusion", lambda o: RopeFusionPass(mode=o.rope_mode, sm=o.sm, seq_len=o.seq_len)),

@@ -511,6 +511,27 @@ class Variant:
         `attnfuse.inference`."""
         return inference.decode(self, q, k_cache, v_cache, cache_seqlens, *extras, page_table=page_table, check=check)
 
+    def varlen(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        *extras: object,
+        check: bool = True,
+    ) -> torch.Tensor:
+        """The variant on packed sequences of different lengths: q [total_q, Hq, D], k and v
+        [total_k, Hkv, D]; sequence s is tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (int32
+        [S + 1]). Returns [total_q, Hq, Dv], each sequence computed as the ordinary call on it
+        alone; differentiable. `check=False` skips checking the cu_seqlens' values (one
+        device-to-host copy). See `attnfuse.inference`."""
+        return inference.varlen(
+            self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *extras, check=check
+        )
+
     def compile(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> Kernel:
         """The generated kernel for this signature: Triton on CUDA tensors, the
         interpreter otherwise (or as af.backend says: 'triton' or 'interpret')."""

@@ -34,7 +34,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E, Placement
-from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, ScoreCtx
+from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, QProgram, ScoreCtx
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
@@ -82,6 +82,8 @@ class QBlock:
     nk: SSAValue
     block_m: SSAValue
     block_n: SSAValue
+    lse_row0: SSAValue | None = None
+    """The lse offset of the Q block's first row (None: batch x head x Nq + its row)."""
 
 
 class ForwardLowering(KernelLowering):
@@ -122,9 +124,25 @@ class ForwardLowering(KernelLowering):
                 carried = kb.loop(lo, hi, qb.block_n, carried, step)
         self.epilogue(kb, p, qb, carried)
         p.block.add_op(tl.ReturnOp())
+        return KernelCall(self.kernel("attn_fwd", p), p, self.grid(), self.num_warps, self.num_stages)
+
+    def grid(self) -> list[str]:
+        """`attn_fwd`'s grid: (batch x heads, Q blocks)."""
         q = self.host_name(self.chains.q_arg)
-        grid = [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
-        return KernelCall(self.kernel("attn_fwd", p), p, grid, self.num_warps, self.num_stages)
+        return [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
+
+    def length_params(self, p: Params) -> tuple[SSAValue, ...]:
+        """The kernel's parameters its lengths come from: Nq and Nk."""
+        chains = self.chains
+        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
+        return nq, p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+
+    def program(
+        self, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue
+    ) -> tuple[SSAValue, SSAValue, QProgram]:
+        """(Nq, Nk, the program's Q block)."""
+        nq, nk = lengths
+        return nq, nk, self.q_program(kb, block_m, nq, nk)
 
     def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
         """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""
@@ -136,12 +154,10 @@ class ForwardLowering(KernelLowering):
         out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
         out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
         lse_ptr = p.param("Lse", tl.PointerType(f32), "lse")
-        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
-        nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+        lengths = self.length_params(p)
         block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
         block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
-
-        ids = self.q_program(kb, block_m, nq, nk)
+        nq, nk, ids = self.program(kb, lengths, block_m)
         pid_bh, pid_m, b, h, b_off, h_off, hk_off = (
             ids.pid_bh,
             ids.pid_m,
@@ -186,6 +202,9 @@ class ForwardLowering(KernelLowering):
 
         k_base = kb.add(kb.add(k.ptr, kb.mul(b_off, k.strides[0])), kb.mul(hk_off, k.strides[1]), hint="k_base")
         v_base = kb.add(kb.add(v.ptr, kb.mul(b_off, v.strides[0])), kb.mul(hk_off, v.strides[1]), hint="v_base")
+        if ids.k_row0 is not None:  # the sequence's first key
+            k_base = kb.add(k_base, kb.mul(ids.k_row0, k.strides[2]), hint="k_seq")
+            v_base = kb.add(v_base, kb.mul(ids.k_row0, v.strides[2]), hint="v_seq")
         bdv = pow2(self.dv)
         offs_dv = kb.arange(bdv, hint="offs_dv")
         dv_ok = kb.cmp("<", offs_dv, self.dv, hint="dv_ok") if bdv != self.dv else None
@@ -221,6 +240,7 @@ class ForwardLowering(KernelLowering):
             nk=nk,
             block_m=block_m,
             block_n=block_n,
+            lse_row0=ids.lse_row0,
         )
 
     def kv_step(
@@ -318,7 +338,7 @@ class ForwardLowering(KernelLowering):
         # log2 of l_safe, not l: an empty row's lse is -inf without evaluating log2(0).
         lse = kb.mul(kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), LN2)
         lse = kb.where(empty, NEG_INF, lse, hint="lse")
-        lse_row = kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
+        lse_row = qb.lse_row0 if qb.lse_row0 is not None else kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
         kb.store(kb.add(kb.add(qb.lse, lse_row, hint="lse_base"), qb.rows_m), lse, qb.row_ok)
 
     # ------------------------------------------------------------------ the launcher
@@ -338,7 +358,11 @@ class ForwardLowering(KernelLowering):
         ops += [call_op(c) for c in calls[:-1]]
         ops.append(self.main_launch(call_op(calls[-1])))
         ops.append(tl.HostReturnOp(["out", "lse"]))
-        return tl.LauncherOp("launch", self.names, ops)
+        return tl.LauncherOp("launch", self.launcher_params(), ops)
+
+    def launcher_params(self) -> list[str]:
+        """The launcher's parameters: the function's arguments."""
+        return list(self.names)
 
     def main_launch(self, generic: tl.CallOp) -> Operation:
         """How the launcher runs the attention: here the generic kernel's launch as it is

@@ -95,6 +95,10 @@ class QProgram:
     shift: SSAValue
     """Nk - Nq: the position of the first query."""
     q_pos: SSAValue
+    k_row0: SSAValue | None = None
+    """The row of K (and V) holding the sequence's first key, int64; None: row 0."""
+    lse_row0: SSAValue | None = None
+    """The lse offset of the Q block's first row; None: batch x head x Nq + its row."""
 
 
 class KernelLowering:

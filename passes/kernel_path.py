@@ -31,6 +31,10 @@ paged pool [pages, page_size, Hkv, D]) and the split cost model: the launcher gi
 KV head) `splits` programs, `cdiv(waves x SMs, B x Hkv)`, at most one per `min_split_keys` keys
 of the cache and per block of keys (or the option's fixed `splits`).
 
+`varlen` (option `varlen`): a forward over packed sequences of different lengths
+(`Variant.varlen`): the generic kernel, one program per (sequence x head, Q block), each
+sequence computed alone (`varlen_to_tl`).
+
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
 ask for all of dq, dk and dv).
@@ -92,6 +96,7 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 GLUON = "gluon-sm90"
 TRITON = "triton"
 DECODE = "decode"
+VARLEN = "varlen"
 TanhMode = Literal["auto", "approx", "exact"]
 """kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
@@ -169,8 +174,8 @@ def kernel_path(f: object) -> tuple[str, int]:
     """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
     attrs = getattr(f, "attributes", {})
     entry = attrs.get("attn.kernel_path")
-    if isinstance(entry, DictionaryAttr) and entry.data["path"] == StringAttr(DECODE):
-        return DECODE, 0
+    if isinstance(entry, DictionaryAttr) and entry.data["path"] in (StringAttr(DECODE), StringAttr(VARLEN)):
+        return entry.data["path"].data, 0  # type: ignore[attr-defined]
     if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
         return TRITON, 0
     return GLUON, entry.data["min_len"].value.data  # type: ignore[attr-defined]
@@ -219,9 +224,9 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     if entry is None:
         return TRITON, 0
     path = entry.data.get("path") if isinstance(entry, DictionaryAttr) else None
-    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON, DECODE):
+    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON, DECODE, VARLEN):
         raise DiagnosticException(
-            f'{where} must be a dictionary with path = "{GLUON}", "{TRITON}" or "{DECODE}", got {entry}'
+            f'{where} must be a dictionary with path = "{GLUON}", "{TRITON}", "{DECODE}" or "{VARLEN}", got {entry}'
         )
     assert isinstance(entry, DictionaryAttr)
     _check_tanh(v, entry, sm, where)
@@ -230,6 +235,10 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
         raise DiagnosticException(f'{where} dq = {dq}: only a backward on "{GLUON}" takes dq = "reduce"')
     if path.data == TRITON:
         return TRITON, 0
+    if path.data == VARLEN:
+        if v.is_backward:
+            raise DiagnosticException(f'{where} says "{VARLEN}" for a backward function: it is a forward path')
+        return VARLEN, 0
     if path.data == DECODE:
         _check_decode(v, entry, where)
         return DECODE, 0
@@ -290,7 +299,8 @@ class KernelPathPass(ModulePass):
     reason = "..."}`, plus `tanh = "approx"` or `"approx-gluon"` where the variant's tanh
     runs as the GPU's approximate instruction, and `dq = "reduce"` on a Gluon backward whose dQ
     is added up by TMA reduce-adds (`dq-reduce`). With `decode`: `{path = "decode", page_size,
-    waves, min_split_keys, splits}` (the decode kernels and their split cost model)."""
+    waves, min_split_keys, splits}` (the decode kernels and their split cost model); with
+    `varlen`: `{path = "varlen", reason}`."""
 
     name = "kernel-path"
 
@@ -327,12 +337,16 @@ class KernelPathPass(ModulePass):
     splits: int = 0
     """With `decode`: a fixed number of splits of the cache per (batch, KV head); 0: the cost
     model's (see the module docstring)."""
+    varlen: bool = False
+    """Compile a forward over packed sequences (`Variant.varlen`): the `varlen` path."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.page_size and (self.page_size < 16 or self.page_size > 256 or self.page_size & (self.page_size - 1)):
             raise ValueError(f"kernel-path page-size must be 0 or a power of two in [16, 256], got {self.page_size}")
         if (self.page_size or self.splits) and not self.decode:
             raise ValueError("kernel-path page-size and splits need decode=true")
+        if self.varlen and self.decode:
+            raise ValueError("kernel-path takes decode=true or varlen=true, not both")
         if self.splits < 0:
             raise ValueError(f"kernel-path splits must be >= 0, got {self.splits}")
         if self.tanh not in get_args(TanhMode):  # `-p` options are checked by xDSL; this checks Python callers
@@ -348,11 +362,13 @@ class KernelPathPass(ModulePass):
             entry = self.entry(analyse(f), sm, seq_len)
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)
 
-    def entry(self, v: AttentionChains, sm: int, seq_len: int) -> dict[str, Attribute]:
-        """The `attn.kernel_path` entries of function `v` (see the class docstring)."""
+    def inference_entry(self, v: AttentionChains, sm: int) -> dict[str, Attribute]:
+        """The entries of a forward compiled for decoding (`decode`) or packed sequences (`varlen`)."""
+        option = "decode" if self.decode else "varlen"
+        if v.is_backward:
+            raise DiagnosticException(f"func @{v.func.sym_name.data}: kernel-path {option}=true takes a forward")
+        entry: dict[str, Attribute] = {"path": StringAttr(VARLEN), "reason": StringAttr("packed sequences")}
         if self.decode:
-            if v.is_backward:
-                raise DiagnosticException(f"func @{v.func.sym_name.data}: kernel-path decode=true takes a forward")
             entry = {
                 "path": StringAttr(DECODE),
                 "page_size": IntegerAttr(self.page_size, i64),
@@ -360,10 +376,15 @@ class KernelPathPass(ModulePass):
                 "min_split_keys": IntegerAttr(DECODE_MIN_SPLIT_KEYS, i64),
                 "splits": IntegerAttr(self.splits, i64),
             }
-            half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
-            if sm > 0 and half and computes_tanh(v.func) and self.tanh == "approx":
-                entry["tanh"] = StringAttr("approx")
-            return entry
+        half = isinstance(v.q_type.get_element_type(), BFloat16Type | Float16Type)
+        if sm > 0 and half and computes_tanh(v.func) and self.tanh == "approx":
+            entry["tanh"] = StringAttr("approx")
+        return entry
+
+    def entry(self, v: AttentionChains, sm: int, seq_len: int) -> dict[str, Attribute]:
+        """The `attn.kernel_path` entries of function `v` (see the class docstring)."""
+        if self.decode or self.varlen:
+            return self.inference_entry(v, sm)
         transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
         min_len = self.min_len_transformed if transformed else self.min_len
         reason = (

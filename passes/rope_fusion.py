@@ -31,7 +31,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
-from attnfuse.passes.kernel_path import DECODE, GLUON, kernel_path
+from attnfuse.passes.kernel_path import DECODE, GLUON, VARLEN, kernel_path
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 
@@ -146,12 +146,16 @@ class RopeFusionPass(ModulePass):
         """Mark where K's transforms run; returns the function's `attn.rope_fusion` record."""
         if not v.k_chain:
             return DictionaryAttr({"k": StringAttr("none")})
-        if kernel_path(f)[0] == DECODE:
-            for k_op in v.k_chain:
-                k_op.attributes["placement"] = PlacementAttr(Placement.CACHE)
-            return DictionaryAttr(
-                {"k": StringAttr("cache"), "reason": StringAttr("a decode kernel reads K as cache_keys wrote it")}
+        path = kernel_path(f)[0]
+        if path in (DECODE, VARLEN):
+            placement, reason = (
+                (Placement.CACHE, "a decode kernel reads K as cache_keys wrote it")
+                if path == DECODE
+                else (Placement.KV_LOOP, "packed sequences: K rotated at positions within its sequence")
             )
+            for k_op in v.k_chain:
+                k_op.attributes["placement"] = PlacementAttr(placement)
+            return DictionaryAttr({"k": StringAttr(placement.value), "reason": StringAttr(reason)})
         q_heads, kv_heads = v.q_type.get_shape()[1], v.k_type.get_shape()[1]
         causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
         fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)

@@ -302,8 +302,9 @@ def test_decode_kernels_compile_for_sm90(page, family, tmp_path):
     var, extras = _families(8)[family]
     q = torch.zeros(2, 8, 1, 128, dtype=torch.bfloat16)
     k = torch.zeros(2, 2, 512, 128, dtype=torch.bfloat16)
-    extras = tuple(x.to(torch.bfloat16) if x.is_floating_point() and x.dim() == 1 and x.numel() == D else x
-                   for x in extras)
+    extras = tuple(
+        x.to(torch.bfloat16) if x.is_floating_point() and x.dim() == 1 and x.numel() == D else x for x in extras
+    )
     if family == 3:  # QK-norm weights of the head dim
         extras = (torch.ones(128), torch.ones(128))
     module = var.ir_module(q, k, k, *extras)

@@ -1,0 +1,106 @@
+"""convert-attn-to-tl's varlen path (kernel path `varlen`): the generic forward over a batch of
+packed sequences of different lengths (`Variant.varlen`).
+
+The launcher takes q, k and v as [1, H, total, D] (views of the packed [total, H, D] tensors),
+`cu_seqlens_q` and `cu_seqlens_k` (int32 [S + 1], each sequence's first token) and
+`max_seqlen_q`. `attn_fwd` is the generic forward (`forward_to_tl`) with one program per
+(sequence x head, Q block of the longest sequence): a program finds its sequence's first query
+and key and its lengths in the cu_seqlens, addresses its tiles from there, and takes positions
+within its sequence (keys 0..Nk-1, queries the last Nq), so each sequence is computed as the
+ordinary call on it alone and no tile spans two sequences. A program past its sequence's last
+query block visits no keys. K's transforms run in the KV loop (rope-fusion), at positions
+within the sequence.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import i32, i64
+from xdsl.ir import SSAValue
+from xdsl.utils.exceptions import DiagnosticException
+
+from attnfuse.dialects import attn, tl
+from attnfuse.passes.analysis import AttentionChains
+from attnfuse.passes.forward_to_tl import ForwardLowering
+from attnfuse.passes.kernel_lowering import QProgram
+from attnfuse.passes.tl_builder import KernelBuilder, Params
+
+CU_Q, CU_K, MAX_Q = "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"
+
+
+def per_token_extras(chains: AttentionChains) -> list[str]:
+    """What a varlen call cannot take, described: extras indexed by token (RoPE positions,
+    document ids), which a packed batch would need per sequence."""
+    found = []
+    for op in (*chains.q_chain, *chains.k_chain):
+        if isinstance(op, attn.RopeOp) and op.positions is not None:
+            found.append("RoPE positions")
+    found += ["document ids" for m in chains.masks if m.kind.data == "document"]
+    return list(dict.fromkeys(found))
+
+
+class VarlenLowering(ForwardLowering):
+    """The generic forward over packed sequences (see the module docstring)."""
+
+    def __init__(self, chains: AttentionChains, arg_names: list[str]):
+        super().__init__(chains, arg_names)
+        where = f"func @{chains.func.sym_name.data}"
+        clash = {CU_Q, CU_K, MAX_Q} & set(arg_names)
+        if clash:
+            raise DiagnosticException(
+                f"{where}: an argument named {sorted(clash)[0]!r} clashes with the varlen launcher's"
+            )
+        bad = per_token_extras(chains)
+        if bad:
+            raise DiagnosticException(f"{where}: a varlen call takes no per-token extras, found {', '.join(bad)}")
+
+    def length_params(self, p: Params) -> tuple[SSAValue, ...]:
+        """cu_seqlens_q, cu_seqlens_k, and the packed queries' total (lse's row length)."""
+        q = self.host_name(self.chains.q_arg)
+        return (
+            p.param("CuQ", tl.PointerType(i32), CU_Q),
+            p.param("CuK", tl.PointerType(i32), CU_K),
+            p.param("TQ", i32, f"{q}.shape[2]"),
+        )
+
+    def program(
+        self, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue
+    ) -> tuple[SSAValue, SSAValue, QProgram]:
+        """The program's sequence, head and Q block; Nq and Nk are its sequence's (Nk 0 past
+        its last Q block: no keys to visit)."""
+        cu_q, cu_k, total_q = lengths
+        pid = kb.emit(tl.ProgramIdOp(0), "pid_bh")
+        num_q_blocks = kb.emit(tl.NumProgramsOp(1), "num_q_blocks")
+        pid_m = kb.sub(kb.sub(num_q_blocks, 1), kb.emit(tl.ProgramIdOp(1), "q_block"), hint="pid_m")
+        seq = kb.floordiv(pid, self.hq, hint="seq")
+        h = kb.rem(pid, self.hq, hint="h")
+        hk = kb.floordiv(h, self.hq // self.hkv, hint="h_kv") if self.hq != self.hkv else h
+        q_start = kb.load(kb.add(cu_q, seq), hint="q_start")
+        nxt = kb.add(seq, 1, hint="next_seq")
+        nq = kb.sub(kb.load(kb.add(cu_q, nxt)), q_start, hint="nq")
+        k_start = kb.load(kb.add(cu_k, seq), hint="k_start")
+        nk_seq = kb.sub(kb.load(kb.add(cu_k, nxt)), k_start, hint="nk_seq")
+        m_start = kb.mul(pid_m, block_m, hint="m_start")
+        nk = kb.where(kb.cmp("<", m_start, nq), nk_seq, 0, hint="nk")
+        b = kb.value(0)
+        b_off = kb.cast(b, i64, hint="b_off")
+        h_off = kb.cast(h, i64, hint="h_off")
+        hk_off = kb.cast(hk, i64, hint="hk_off") if hk is not h else h_off
+        m_off = kb.cast(kb.add(q_start, m_start), i64, hint="m_off")
+        rows_m = kb.arange(block_m, hint="rows_m")
+        offs_m = kb.add(m_start, rows_m, hint="offs_m")
+        row_ok = kb.cmp("<", offs_m, nq, hint="row_ok")
+        shift = kb.sub(nk_seq, nq, hint="q_shift")
+        q_pos = kb.add(offs_m, shift, hint="q_pos")
+        ids = QProgram(
+            pid, num_q_blocks, pid_m, b, h, b_off, h_off, hk_off, m_start, m_off, rows_m, offs_m, row_ok, shift, q_pos
+        )
+        ids.k_row0 = kb.cast(k_start, i64, hint="k_row0")
+        ids.lse_row0 = kb.add(kb.mul(h_off, total_q), m_off, hint="lse_row0")
+        return nq, nk, ids
+
+    def grid(self) -> list[str]:
+        """(sequences x heads, Q blocks of the longest sequence)."""
+        return [f"({CU_Q}.shape[0] - 1) * {self.hq}", f"_cdiv({MAX_Q}, {self.block_m})"]
+
+    def launcher_params(self) -> list[str]:
+        return [*self.names, CU_Q, CU_K, MAX_Q]
