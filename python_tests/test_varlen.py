@@ -1,0 +1,153 @@
+"""Packed sequences of different lengths (`Variant.varlen`) on CPU: the generated varlen kernel
+under the interpreter and the reference backend, forward and backward, against the contract:
+each sequence's ordinary call on it alone (float64 reference), with empty sequences, lengths
+off the tiles, fewer queries than keys, every variant family whose extras are not per token;
+and the errors of bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnfuse as af
+from attnfuse import variants
+
+D = 32
+
+
+def _cu(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _families(hq: int) -> list[tuple[af.Variant, tuple]]:
+    g = torch.Generator().manual_seed(11)
+    return [
+        (variants.llama3, ()),
+        (variants.mistral, ()),
+        (variants.gemma2, ()),
+        (variants.qwen3, (torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5)),
+        (variants.bloom, (af.alibi_slopes(hq),)),
+        (variants.gpt_oss, (torch.randn(hq, generator=g),)),
+    ]
+
+
+def _packed(lq, lk, hq=4, hkv=2, dtype=torch.float32, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).requires_grad_(grad)
+
+    return randn(sum(lq), hq, D), randn(sum(lk), hkv, D), randn(sum(lk), hkv, D)
+
+
+def _expected(var, q, k, v, lq, lk, extras, dtype=torch.float64):
+    """The ordinary call per sequence (reference backend), packed back: [total_q, Hq, Dv]."""
+    cq, ck = _cu(lq).tolist(), _cu(lk).tolist()
+    parts = []
+    for s in range(len(lq)):
+        args = (
+            t.transpose(0, 1)[None].to(dtype)
+            for t in (q[cq[s] : cq[s + 1]], k[ck[s] : ck[s + 1]], v[ck[s] : ck[s + 1]])
+        )
+        ex = [x.to(dtype) if x.is_floating_point() else x for x in extras]
+        with af.backend("reference"):
+            parts.append(var(*args, *ex)[0].transpose(0, 1))
+    return torch.cat(parts)
+
+
+LENGTHS = [([37, 0, 1, 64, 5], None), ([3, 20, 9], [17, 20, 40])]
+
+
+@pytest.mark.parametrize("lengths", range(len(LENGTHS)))
+@pytest.mark.parametrize("family", range(6))
+def test_forward_every_family(family, lengths):
+    var, extras = _families(4)[family]
+    lq, lk = LENGTHS[lengths]
+    lk = lk or lq
+    q, k, v = _packed(lq, lk, dtype=torch.float16)
+    with af.backend("interpret"):
+        out = var.varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), *extras)
+    want = _expected(var, q, k, v, lq, lk, extras)
+    assert out.shape == want.shape and out.dtype == torch.float16
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("family", [0, 3, 5])
+def test_backward(family):
+    """Gradients of q, k, v and of shared extras (QK-norm weights, sinks) match autograd of
+    the per-sequence reference in float64."""
+    var, extras = _families(4)[family]
+    lq, lk = [3, 20, 0, 9], [17, 20, 4, 40]
+    q, k, v = _packed(lq, lk, grad=True)
+    extras = tuple(x.clone().requires_grad_(x.is_floating_point() and x.dim() == 1) for x in extras)
+    with af.backend("interpret"):
+        out = var.varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), *extras)
+    g = torch.randn_like(out)
+    wrt = [q, k, v, *(x for x in extras if x.requires_grad)]
+    got = torch.autograd.grad(out, wrt, g)
+    ref_in = [t.detach().double().requires_grad_() for t in wrt]
+    rq, rk, rv, *rex = ref_in
+    rex_iter = iter(rex)
+    ref_extras = tuple(next(rex_iter) if x.requires_grad else x for x in extras)
+    want = torch.autograd.grad(_expected(var, rq, rk, rv, lq, lk, ref_extras), ref_in, g.double())
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_backend_and_bfloat16():
+    lq = [9, 30]
+    q, k, v = _packed(lq, lq, dtype=torch.bfloat16)
+    want = _expected(variants.llama3, q, k, v, lq, lq, ())
+    for backend in ("reference", "interpret"):
+        with af.backend(backend):
+            out = variants.llama3.varlen(q, k, v, _cu(lq), _cu(lq), 30, 30)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=3e-2)
+
+
+def test_all_sequences_empty_or_none():
+    q, k, v = _packed([0, 0], [0, 0])
+    with af.backend("interpret"):
+        assert variants.llama3.varlen(q, k, v, _cu([0, 0]), _cu([0, 0]), 0, 0).shape == (0, 4, D)
+        one = torch.zeros(1, dtype=torch.int32)
+        assert variants.llama3.varlen(q, k, v, one, one, 0, 0).shape == (0, 4, D)
+
+
+def test_sequences_without_keys_give_zeros():
+    lq, lk = [4, 6], [0, 6]
+    q, k, v = _packed(lq, lk)
+    with af.backend("interpret"):
+        out = variants.mistral.varlen(q, k, v, _cu(lq), _cu(lk), 6, 6)
+    assert (out[:4] == 0).all()
+    torch.testing.assert_close(
+        out[4:].double(), _expected(variants.mistral, q, k, v, lq, lk, ())[4:], atol=1e-4, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "cq": torch.tensor([0, 5, 3, 10], dtype=torch.int32)}, "never decrease"),
+        (lambda a: {**a, "cq": torch.tensor([1, 5, 8, 10], dtype=torch.int32)}, "must start at 0"),
+        (lambda a: {**a, "cq": torch.tensor([0, 5, 8, 9], dtype=torch.int32)}, "end at the packed q's 10 tokens"),
+        (lambda a: {**a, "cq": a["cq"].long()}, "cu_seqlens_q must be an int32 tensor"),
+        (lambda a: {**a, "ck": torch.tensor([0, 10], dtype=torch.int32)}, "the same number of sequences"),
+        (lambda a: {**a, "mq": 4}, "past max_seqlen_q = 4"),
+        (lambda a: {**a, "mq": -1}, "max_seqlen_q must be a non-negative int"),
+        (lambda a: {**a, "q": a["q"][None]}, r"q must be a packed tensor \[total, H, D\]"),
+        (lambda a: {**a, "k": a["k"][:, :, :16], "v": a["v"][:, :, :16]}, "k has head dim 16 but q has 32"),
+        (lambda a: {**a, "q": torch.randn(10, 3, D)}, "not a multiple of k's 2"),
+    ],
+)
+def test_bad_input(change, message):
+    q, k, v = _packed([5, 3, 2], [5, 3, 2])
+    a = change({"q": q, "k": k, "v": v, "cq": _cu([5, 3, 2]), "ck": _cu([5, 3, 2]), "mq": 5})
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match=message):
+        variants.llama3.varlen(a["q"], a["k"], a["v"], a["cq"], a["ck"], a["mq"], 5)
+
+
+def test_per_token_extras_are_refused():
+    q, k, v = _packed([5, 3], [5, 3])
+    ids = torch.zeros(1, 8, dtype=torch.int32)
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="no per-token extras .*document ids"):
+        variants.packed_documents.varlen(q, k, v, _cu([5, 3]), _cu([5, 3]), 5, 5, ids)
