@@ -257,10 +257,21 @@ def test_generate(models):
 
 
 def test_generate_unpadded(models):
+    """Without padding, the cached steps run the decode kernels (Variant.decode): same tokens."""
     family, eager, patched = models
     ids = _ids(1, 7, seed=5)
     kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    cached = [v for (is_cached, mask), v in _layer_variants(patched).items() if is_cached and mask == "causal"]
+    for v in cached:
+        v._decode_hot.clear()
     assert torch.equal(patched.generate(ids, **kwargs), eager.generate(ids, **kwargs))
+    assert cached and all(v._decode_hot for v in cached)
+
+
+def _layer_variants(model: torch.nn.Module) -> dict:
+    """The AttnFuse variants of the patched model's first attention layer, by (cached, mask kind)."""
+    patched = next(m.forward for m in model.modules() if isinstance(getattr(m, "forward", None), PatchedAttention))
+    return patched.variants
 
 
 # --------------------------------------------------------------------------- Llama only

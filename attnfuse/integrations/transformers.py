@@ -26,8 +26,10 @@ RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
   forward by the mask interface from transformers' mask function;
 - with a KV cache (`generate()`), K is rotated (and normalised) once, when written: the cache holds
   rotated keys and a call that extends a cache runs the variant whose q is rotated in the kernel
-  at its positions and whose k is taken as is. A first call on an empty cache runs the fully fused
-  variant and also writes its rotated keys. Only dynamic caches (the default) are supported.
+  at its positions and whose k is taken as is; without a padding mask and for up to 16 new tokens
+  needing no gradient, through that variant's decode kernels (`Variant.decode`: split-KV, GQA
+  packed). A first call on an empty cache runs the fully fused variant and also writes its rotated
+  keys. Only dynamic caches (the default) are supported.
 
 Variants are built once per layer configuration (theta, scaling, norm, softcap, window, sinks,
 cached or not, mask kind) and shared by the layers that have it. Training works on every backend:
@@ -50,6 +52,7 @@ from typing import Any
 import torch
 
 import attnfuse as af
+from attnfuse import inference
 from attnfuse.errors import AttnFuseError
 from attnfuse.integrations.hf_config import (
     FAMILIES,
@@ -278,8 +281,18 @@ def _attend(
         what = "attention_mask" if mask == "padded" else "the packed sequences' document ids"
         raise AttnFuseError(f"{what} cover {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}")
     extras = _extras(module, spec, cached, mask_arg)
+    if cached and mask == "causal" and n <= inference.MAX_DECODE_QUERIES and not _needs_grad(q, k, v, extras):
+        # Decoding a few tokens against the cache: the split-KV decode kernels (the cache holds
+        # the first Nk positions of every sequence, the new tokens the last n).
+        seqlens = torch.full((b,), k.shape[2], dtype=torch.int32, device=q.device)
+        return variants[cached, mask].decode(q, k, v, seqlens, positions, *extras, check=False)
     head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
     return variants[cached, mask](*head, *extras)
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    flat = [t for x in tensors for t in (x if isinstance(x, list) else [x])]
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
 class PatchedAttention:
