@@ -1,7 +1,7 @@
 """Hugging Face models with AttnFuse attention (`attnfuse.integrations.transformers.apply`)
 against the same model on PyTorch's attention backends, in one process.
 
-    python benchmarks/bench_hf.py --out DIR [--parts train,loss,infer,qwen] [--ns 4096,8192]
+    python benchmarks/bench_hf.py --out DIR [--parts train,loss,infer,fidelity,qwen] [--ns 4096,8192]
     python benchmarks/bench_hf.py --out DIR --cpu-smoke     # no GPU: tiny configs, interpreter
 
 - `train`: one training step of Llama-3-8B (the released config, random weights, bf16, fused
@@ -20,6 +20,11 @@ against the same model on PyTorch's attention backends, in one process.
   to the first new token) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
   default backend choice), and how many new tokens agree before the first that differs (random
   weights give near-ties, so bf16 rounding may flip a greedy choice).
+- `fidelity`: teacher forcing at prompt lengths 1024 and 8192: SDPA's greedy continuation (32
+  tokens) fed one token at a time through each implementation with its own KV cache; per step,
+  the relative L2 difference of the next-token logits against SDPA's default backend, whether the
+  top token agrees, and SDPA's top-1 minus top-2 logit margin where it does not; SDPA forced to
+  its flash backend is the bf16 noise floor.
 - `loss`: 200 training steps of a small Llama-style model (float32 weights, bfloat16 autocast,
   AdamW) on fixed synthetic data, AttnFuse against SDPA from the same initial weights: the two
   loss curves (loss.json, loss.png).
@@ -311,6 +316,49 @@ def part_infer(args: argparse.Namespace, rows: list[dict]) -> None:
     gc.collect()
 
 
+def part_fidelity(args: argparse.Namespace, rows: list[dict]) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
+    cfg = TINY if args.cpu_smoke else LLAMA3_8B
+    prompts, steps = ([16], 4) if args.cpu_smoke else ([1024, 8192], 32)
+    model = make_model("llama", cfg, "sdpa", dtype, device).eval()
+    for p in prompts:
+        ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
+        with torch.no_grad():
+            toks = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+
+        def forced(m: Any, toks: torch.Tensor = toks, p: int = p) -> torch.Tensor:
+            """The next-token logits [steps, vocab] of the prompt and each forced token after it."""
+            with torch.no_grad():
+                out = m(toks[:, :p], use_cache=True)
+                logits = [out.logits[0, -1].float()]
+                for i in range(steps - 1):
+                    out = m(toks[:, p + i : p + i + 1], past_key_values=out.past_key_values, use_cache=True)
+                    logits.append(out.logits[0, -1].float())
+            return torch.stack(logits)
+
+        base = forced(model)
+        runs = {}
+        if device == "cuda":
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                runs["sdpa_flash"] = forced(model)
+        runs["attnfuse"] = forced(use(model, "attnfuse"))
+        top2 = base.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        for name, logits in runs.items():
+            rel = ((logits - base).norm(dim=-1) / base.norm(dim=-1)).tolist()
+            agree = (logits.argmax(-1) == base.argmax(-1)).tolist()
+            rows.append({"part": "fidelity", "prompt": p, "impl": name, "steps": steps,
+                         "max_rel_l2": max(rel), "mean_rel_l2": sum(rel) / len(rel), "top1_agree": sum(agree),
+                         "margins_where_differ": [round(m, 4) for m, a in zip(margin.tolist(), agree) if not a],
+                         "median_margin": float(margin.median())})  # fmt: skip
+            C.log(str(rows[-1]))
+        model = make_model("llama", cfg, "sdpa", dtype, device).eval() if p != prompts[-1] else model
+    del model
+    gc.collect()
+
+
 def part_loss(args: argparse.Namespace, rows: list[dict], out_dir: Path) -> None:
     device = "cpu" if args.cpu_smoke else "cuda"
     cfg, n = (TINY, 16) if args.cpu_smoke else (SMALL, 1024)
@@ -397,6 +445,17 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
                 f"{'' if r['same_tokens_as_sdpa'] is None else r['same_tokens_as_sdpa']} |"
             )
         lines.append("")
+    fidelity = [r for r in rows if r["part"] == "fidelity"]
+    if fidelity:
+        lines += ["## Teacher-forced next-token logits against SDPA (default backend)", "",
+                  "| prompt | impl | steps | max rel L2 | mean rel L2 | top-1 agrees | SDPA's top-1 margin where not |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in fidelity:
+            lines.append(
+                f"| {r['prompt']} | {r['impl']} | {r['steps']} | {r['max_rel_l2']:.2e} | {r['mean_rel_l2']:.2e} | "
+                f"{r['top1_agree']}/{r['steps']} | {r['margins_where_differ']} (median margin {r['median_margin']:.3f}) |"
+            )
+        lines.append("")
     for r in rows:
         if r["part"] == "loss":
             lines += [f"## Loss curves ({r['steps']} steps, N={r['n']})", "",
@@ -408,7 +467,7 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="train,loss,infer,qwen")
+    ap.add_argument("--parts", default="train,loss,infer,fidelity,qwen")
     ap.add_argument("--ns", default="4096,8192")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -428,6 +487,7 @@ def main() -> None:
             parts = {
                 "train": lambda: part_train(args, rows),
                 "infer": lambda: part_infer(args, rows),
+                "fidelity": lambda: part_fidelity(args, rows),
                 "loss": lambda: part_loss(args, rows, args.out),
                 "qwen": lambda: part_qwen(args, rows),
             }
