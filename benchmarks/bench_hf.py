@@ -351,7 +351,7 @@ def part_fidelity(args: argparse.Namespace, rows: list[dict]) -> None:
             agree = (logits.argmax(-1) == base.argmax(-1)).tolist()
             rows.append({"part": "fidelity", "prompt": p, "impl": name, "steps": steps,
                          "max_rel_l2": max(rel), "mean_rel_l2": sum(rel) / len(rel), "top1_agree": sum(agree),
-                         "margins_where_differ": [round(m, 4) for m, a in zip(margin.tolist(), agree) if not a],
+                         "margins_where_differ": [round(m, 4) for m, a in zip(margin.tolist(), agree, strict=True) if not a],
                          "median_margin": float(margin.median())})  # fmt: skip
             C.log(str(rows[-1]))
         model = make_model("llama", cfg, "sdpa", dtype, device).eval() if p != prompts[-1] else model
