@@ -351,7 +351,8 @@ def part_fidelity(args: argparse.Namespace, rows: list[dict]) -> None:
             agree = (logits.argmax(-1) == base.argmax(-1)).tolist()
             rows.append({"part": "fidelity", "prompt": p, "impl": name, "steps": steps,
                          "max_rel_l2": max(rel), "mean_rel_l2": sum(rel) / len(rel), "top1_agree": sum(agree),
-                         "margins_where_differ": [round(m, 4) for m, a in zip(margin.tolist(), agree, strict=True) if not a],
+                         "margins_where_differ": [round(m, 4) for m, a in zip(margin.tolist(), agree, strict=True)
+                                                  if not a],
                          "median_margin": float(margin.median())})  # fmt: skip
             C.log(str(rows[-1]))
         model = make_model("llama", cfg, "sdpa", dtype, device).eval() if p != prompts[-1] else model
@@ -410,6 +411,22 @@ def part_loss(args: argparse.Namespace, rows: list[dict], out_dir: Path) -> None
         pass
 
 
+def fidelity_md(rows: list[dict]) -> list[str]:
+    """The teacher-forcing table (part `fidelity`), or nothing."""
+    if not rows:
+        return []
+    lines = ["## Teacher-forced next-token logits against SDPA (default backend)", "",
+             "| prompt | impl | steps | max rel L2 | mean rel L2 | top-1 agrees | SDPA's top-1 margin where not |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        margins = f"{r['margins_where_differ']} (median margin {r['median_margin']:.3f})"
+        lines.append(
+            f"| {r['prompt']} | {r['impl']} | {r['steps']} | {r['max_rel_l2']:.2e} | {r['mean_rel_l2']:.2e} | "
+            f"{r['top1_agree']}/{r['steps']} | {margins} |"
+        )
+    return [*lines, ""]
+
+
 def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     lines = ["# Hugging Face models with AttnFuse attention", "", C.env_markdown(env), ""]
     train = [r for r in rows if r["part"] == "train"]
@@ -445,17 +462,7 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
                 f"{'' if r['same_tokens_as_sdpa'] is None else r['same_tokens_as_sdpa']} |"
             )
         lines.append("")
-    fidelity = [r for r in rows if r["part"] == "fidelity"]
-    if fidelity:
-        lines += ["## Teacher-forced next-token logits against SDPA (default backend)", "",
-                  "| prompt | impl | steps | max rel L2 | mean rel L2 | top-1 agrees | SDPA's top-1 margin where not |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in fidelity:
-            lines.append(
-                f"| {r['prompt']} | {r['impl']} | {r['steps']} | {r['max_rel_l2']:.2e} | {r['mean_rel_l2']:.2e} | "
-                f"{r['top1_agree']}/{r['steps']} | {r['margins_where_differ']} (median margin {r['median_margin']:.3f}) |"
-            )
-        lines.append("")
+    lines += fidelity_md([r for r in rows if r["part"] == "fidelity"])
     for r in rows:
         if r["part"] == "loss":
             lines += [f"## Loss curves ({r['steps']} steps, N={r['n']})", "",
