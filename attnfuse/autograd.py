@@ -416,6 +416,11 @@ def variant_handle(variant: VariantLike) -> str:
     return handle
 
 
+def variant_of(handle: str) -> VariantLike:
+    """The variant a `variant_handle` names."""
+    return _VARIANTS[handle]
+
+
 @torch._dynamo.assume_constant_result
 def _site_key(handle: str, consts: tuple[tuple[bool, object], ...]) -> str:
     """The key of a call site of the variant of this `handle` (`variant_handle`): run by

@@ -1,5 +1,7 @@
 """A variant in inference: keys as a KV cache holds them (`cache_keys`) and decoding against the
-cache (`decode`), contiguous or paged. `Variant.cache_keys` and `Variant.decode` call these.
+cache (`decode`), contiguous or paged. `Variant.cache_keys` and `Variant.decode` call these;
+inside code torch.compile traces, a decode call is one `attnfuse::decode` custom-op node
+(`compiled_decode`), so `fullgraph=True` traces it without a graph break.
 
 Decoding a sequence b whose cache holds its first `cache_seqlens[b]` positions, with queries
 for its last Lq of them, gives the last Lq rows of the variant's ordinary call on the whole
@@ -38,7 +40,8 @@ MAX_DECODE_QUERIES = 16
 PAGE_SIZES = (16, 32, 64, 128, 256)
 
 
-def _analyse(trace: dsl.Trace) -> Any:
+def analyse_trace(trace: dsl.Trace) -> Any:
+    """The trace's function analysed (`passes.analysis.analyse`): its chains and score ops."""
     from attnfuse.passes.analysis import analyse
 
     return analyse(get_func(trace.module))
@@ -76,7 +79,7 @@ def cache_keys(variant: Variant, k: torch.Tensor, positions: torch.Tensor, *extr
     full = variant._bind(extras)
     validation.check_extra_values(variant.arg_names[3:], k, full)
     trace = _trace_for_keys(variant, k, full)
-    chains = _analyse(trace)
+    chains = analyse_trace(trace)
     if not chains.k_chain:
         return k
     args = get_func(trace.module).body.block.args
@@ -370,195 +373,61 @@ def _reference_decode(
     return out
 
 
-# --------------------------------------------------------------------------- varlen
+# --------------------------------------------------------------------------- under torch.compile
+
+_DECODE_SITES: dict[str, tuple[Any, str, tuple[tuple[bool, object], ...]]] = {}
 
 
-def _check_varlen_inputs(
-    q: object, k: object, v: object, cu_q: object, cu_k: object, max_q: object, max_k: object
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Packed q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]; cu_seqlens int32
-    [S + 1] on their device; the max lengths non-negative integers."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise AttnFuseError(f"varlen: {name} must be a packed tensor [total, H, D], got {got}")
-    q, k, v = cast(torch.Tensor, q), cast(torch.Tensor, k), cast(torch.Tensor, v)
-    if q.dtype not in validation.QKV_DTYPES:
-        raise AttnFuseError(f"varlen: q has dtype {q.dtype}; expected one of {list(validation.QKV_DTYPES)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype or t.device != q.device:
-            raise AttnFuseError(f"varlen: {name} is {t.dtype} on {t.device} but q is {q.dtype} on {q.device}")
-    if k.shape[:2] != v.shape[:2]:
-        raise AttnFuseError(f"varlen: k {list(k.shape)} and v {list(v.shape)} must agree in [total_k, Hkv]")
-    if k.shape[2] != q.shape[2]:
-        raise AttnFuseError(f"varlen: k has head dim {k.shape[2]} but q has {q.shape[2]}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise AttnFuseError(f"varlen: q has {q.shape[1]} heads, not a multiple of k's {k.shape[1]}")
-    _check_cu_seqlens(q, cu_q, cu_k, max_q, max_k)
-    return q, k, v
+@torch._dynamo.assume_constant_result
+def _decode_key(handle: str, consts: tuple[tuple[bool, object], ...]) -> str:
+    """The key of a decode call site (run when torch.compile traces it: a constant of the graph),
+    reading the backend in effect then."""
+    from attnfuse.autograd import variant_of
+
+    backend = launch.current_backend()
+    key = f"decode:{handle}:{backend}:{consts!r}"
+    if key not in _DECODE_SITES:
+        _DECODE_SITES[key] = (variant_of(handle), backend, consts)
+    return key
 
 
-def _check_cu_seqlens(q: torch.Tensor, cu_q: object, cu_k: object, max_q: object, max_k: object) -> None:
-    """cu_seqlens int32 [S + 1] on q's device, as many for q as for k; max lengths non-negative ints."""
-    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
-            raise AttnFuseError(f"varlen: {name} must be an int32 tensor [S + 1], got {cu!r:.80}")
-        if cu.device != q.device:
-            raise AttnFuseError(f"varlen: {name} is on {cu.device} but q is on {q.device}")
-    if cast(torch.Tensor, cu_q).numel() != cast(torch.Tensor, cu_k).numel():
-        raise AttnFuseError("varlen: cu_seqlens_q and cu_seqlens_k must hold the same number of sequences (S + 1)")
-    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
-            raise AttnFuseError(f"varlen: {name} must be a non-negative int, got {m!r}")
-
-
-def _check_varlen_values(
-    cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_q: int, max_k: int
-) -> None:
-    """Each cu_seqlens starts at 0, never decreases, ends at its total; every length is within
-    its max: one device-to-host copy."""
-    for name, cu, total, most in (("q", cu_q, total_q, max_q), ("k", cu_k, total_k, max_k)):
-        values = cu.tolist()
-        lengths = [b - a for a, b in zip(values, values[1:], strict=False)]
-        if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths):
-            raise AttnFuseError(
-                f"varlen: cu_seqlens_{name} must start at 0, never decrease and end at the packed {name}'s "
-                f"{total} tokens, got {values[:16]}{' ...' if len(values) > 16 else ''}"
-            )
-        if lengths and max(lengths) > most:
-            raise AttnFuseError(f"varlen: a sequence has {max(lengths)} {name} tokens, past max_seqlen_{name} = {most}")
-
-
-def varlen(
+def compiled_decode(
     variant: Variant,
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *extras: object,
-    check: bool = True,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    extras: tuple[object, ...],
+    page_table: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The variant on a batch of packed sequences: q [total_q, Hq, D], k [total_k, Hkv, D], v
-    [total_k, Hkv, Dv]; sequence s holds tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (int32
-    [S + 1]). Returns [total_q, Hq, Dv]: each sequence's ordinary call on it alone (positions from
-    0 in each; with fewer queries than keys, its queries are its last positions). Differentiable.
-    `check` (the default) checks the cu_seqlens against the totals and max lengths (one
-    device-to-host copy)."""
-    q, k, v = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if check:
-        _check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    trace, full = variant._validated_trace(q4, k4, v4, extras)
-    chains = _analyse(trace)
-    from attnfuse.passes.varlen_to_tl import per_token_extras
+    """A decode call inside code torch.compile traces: one `attnfuse::decode` node (no graph break;
+    no value checks, which would synchronise)."""
+    from attnfuse.autograd import _specialized
 
-    bad = per_token_extras(chains)
-    if bad:
-        raise AttnFuseError(
-            f"{variant.__name__}.varlen takes no per-token extras ({', '.join(bad)}): positions restart at 0 in each "
-            "packed sequence; call the variant per sequence for explicit positions or document ids"
-        )
-    tensors = [x for x in full if isinstance(x, torch.Tensor)]
-    mode = launch.kernel_mode(launch.current_backend(), q)
-    if mode == "reference" or q.shape[0] == 0:
-        out4 = _per_sequence(variant, q4, k4, v4, cu_seqlens_q, cu_seqlens_k, full)
-    elif mode == "interpret" and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong
-        ex32 = tuple(launch.as_float32(x) for x in extras)
-        fq, fk, fv = (cast(torch.Tensor, launch.as_float32(t)) for t in (q, k, v))
-        out = varlen(variant, fq, fk, fv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *ex32, check=False)
-        return out.to(torch.bfloat16)
-    else:
-        out4 = _kernel_varlen(variant, trace, mode, q4, k4, v4, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, full, tensors)
-    return out4[0].transpose(0, 1)
+    consts = tuple((True, None) if isinstance(x, torch.Tensor) else (False, _specialized(x)) for x in extras)
+    tensors = [x for x in extras if isinstance(x, torch.Tensor)]
+    key = _decode_key(variant._handle, consts)
+    return torch.ops.attnfuse.decode(key, q, k_cache, v_cache, cache_seqlens, page_table, tensors)
 
 
-def _per_sequence(variant: Variant, q4, k4, v4, cu_q: torch.Tensor, cu_k: torch.Tensor, full) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Each sequence's ordinary call (the reference backend), concatenated: [1, Hq, total_q, Dv]."""
-    qs, ks = cu_q.tolist(), cu_k.tolist()
-    parts = [
-        variant(q4[:, :, a:b], k4[:, :, c:d], v4[:, :, c:d], *full)
-        for a, b, c, d in zip(qs, qs[1:], ks, ks[1:], strict=False)
-    ]
-    if not parts:
-        return q4.new_zeros((1, q4.shape[1], 0, v4.shape[3]))
-    return torch.cat(parts, dim=2)
-
-
-def _kernel_varlen(
-    variant: Variant,
-    trace: dsl.Trace,
-    mode: str,
-    q4: torch.Tensor,
-    k4: torch.Tensor,
-    v4: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    full: tuple[object, ...],
-    tensors: list[torch.Tensor],
+@torch.library.custom_op("attnfuse::decode", mutates_args=())
+def decode_op(
+    key: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    extras: list[torch.Tensor],
 ) -> torch.Tensor:
-    """The varlen kernel, recorded by autograd when an input requires grad (its backward runs the
-    ordinary backward kernels per sequence)."""
-    if q4.dtype == torch.float64:
-        raise AttnFuseError(
-            f"varlen: q, k and v are float64, which the {mode} backend does not run; "
-            "af.backend('reference') computes float64 calls in float64"
-        )
-    interpret = mode == "interpret"
-    _, run, _ = launch.load_kernel(trace, q4, k4, v4, interpret, direction="varlen")
-    inputs = (q4, k4, v4, *tensors)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
-        return run(q4, k4, v4, *tensors, cu_q, cu_k, max_q, lse=launch.lse_workspace(q4))[0]
-    wrt = tuple(i for i, t in enumerate(inputs) if t.requires_grad)
-    n = int(cu_q.numel() > 1)
-    # The ordinary kernels of one sequence's call, whose backward the varlen backward runs per sequence.
-    target = variant._kernel(trace, q4[:, :, :n], k4[:, :, :n], v4[:, :, :n], full, interpret)[2]
-    target.backward_launch(wrt)  # a gradient the compiler cannot form is an error now, not in backward
-
-    def forward(*xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return run(*xs[:3], *xs[3:], cu_q, cu_k, max_q)
-
-    return cast(torch.Tensor, _Varlen.apply(forward, target, wrt, cu_q, cu_k, *inputs))
+    """`Variant.decode` of the call site `key` names (`compiled_decode`)."""
+    variant, backend, consts = _DECODE_SITES[key]
+    given = iter(extras)
+    full = tuple(next(given) if is_tensor else value for is_tensor, value in consts)
+    with launch.backend(backend):
+        return decode(variant, q, k_cache, v_cache, cache_seqlens, *full, page_table=page_table, check=False)
 
 
-class _Varlen(torch.autograd.Function):
-    """The varlen forward kernel; backward: each sequence's ordinary backward kernels on its rows
-    of q, k, v, out, lse and dout, gradients of shared extras (QK-norm weights, sinks) summed."""
-
-    @staticmethod
-    def forward(ctx, forward, target, wrt, cu_q, cu_k, *inputs):  # type: ignore[no-untyped-def, override]
-        out, lse = forward(*inputs)
-        ctx.target, ctx.wrt = target, wrt
-        ctx.save_for_backward(cu_q, cu_k, out, lse, *inputs)
-        ctx.mark_non_differentiable(lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[no-untyped-def, override]
-        cu_q, cu_k, out, lse, *inputs = ctx.saved_tensors
-        grads: list[torch.Tensor | None] = [None] * len(inputs)
-        for i in ctx.wrt:
-            grads[i] = torch.zeros_like(inputs[i], dtype=torch.float32 if i >= 3 else inputs[i].dtype)
-        qs, ks = cu_q.tolist(), cu_k.tolist()
-        q4, k4, v4, *extras = inputs
-        for a, b, c, d in zip(qs, qs[1:], ks, ks[1:], strict=False):
-            if b == a:
-                continue
-            rows = (q4[:, :, a:b], k4[:, :, c:d], v4[:, :, c:d])
-            part = ctx.target.backward(
-                ctx.wrt, *rows, extras, out[:, :, a:b], lse[:, :, a:b].contiguous(), dout[:, :, a:b]
-            )
-            for i, g in zip(ctx.wrt, part, strict=True):
-                target = grads[i]
-                assert target is not None
-                if i == 0:
-                    target[:, :, a:b] = g
-                elif i in (1, 2):
-                    target[:, :, c:d] = g
-                else:
-                    target += g.float()
-        final = [g if g is None or i < 3 else g.to(inputs[i].dtype) for i, g in enumerate(grads)]
-        return (None, None, None, None, None, *final)
+@decode_op.register_fake
+def _decode_fake(key, q, k_cache, v_cache, cache_seqlens, page_table, extras):  # type: ignore[no-untyped-def]
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3]))

@@ -52,7 +52,7 @@ from typing import Any, cast
 
 import torch
 
-from attnfuse import autograd, cache, dsl, inference, launch, validation
+from attnfuse import autograd, cache, dsl, inference, launch, validation, varlen
 from attnfuse.cache import KERNELS, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
 from attnfuse.launch import (
@@ -507,8 +507,11 @@ class Variant:
         from `cache_keys`); returns the last Lq rows of the variant's ordinary call on each
         whole sequence, [B, Hq, Lq, Dv]. The cache is [B, Hkv, S, D], or with `page_table`
         (int32 [B, max_pages]) a paged pool [pages, page_size, Hkv, D]. `check=False` skips the
-        checks of lengths and page entries against the cache (one device-to-host copy). See
-        `attnfuse.inference`."""
+        checks of lengths and page entries against the cache (one device-to-host copy). Under
+        torch.compile the call is one `attnfuse::decode` node and the value checks are skipped.
+        See `attnfuse.inference`."""
+        if _is_compiling():
+            return inference.compiled_decode(self, q, k_cache, v_cache, cache_seqlens, extras, page_table)
         return inference.decode(self, q, k_cache, v_cache, cache_seqlens, *extras, page_table=page_table, check=check)
 
     def varlen(
@@ -527,8 +530,8 @@ class Variant:
         [total_k, Hkv, D]; sequence s is tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (int32
         [S + 1]). Returns [total_q, Hq, Dv], each sequence computed as the ordinary call on it
         alone; differentiable. `check=False` skips checking the cu_seqlens' values (one
-        device-to-host copy). See `attnfuse.inference`."""
-        return inference.varlen(
+        device-to-host copy). See `attnfuse.varlen`."""
+        return varlen.varlen(
             self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *extras, check=check
         )
 

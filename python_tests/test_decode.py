@@ -322,3 +322,27 @@ def test_decode_kernels_compile_for_sm90(page, family, tmp_path):
         assert binary.metadata.shared <= 232448, (kernel.__name__, binary.metadata.shared)  # sm 90's 227 KiB
         names.add(kernel.__name__)
     assert names == {"attn_decode", "attn_decode_combine"}
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_torch_compile_fullgraph():
+    """Under torch.compile a decode call is one attnfuse::decode node: fullgraph traces it, the
+    result equals the eager call's, and new lengths need no new trace."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 4, 1, D, generator=g).half()
+    pool = torch.randn(6, 16, 2, D, generator=g).half()
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    sinks = torch.randn(4, generator=g)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    def step(q, pool, lens, sinks):
+        return variants.gpt_oss.decode(q, pool, pool, lens, sinks, page_table=table) * 2
+
+    compiled = torch.compile(step, fullgraph=True)
+    with af.backend("interpret"):
+        for lens in ([40, 17], [3, 48]):
+            lens = torch.tensor(lens, dtype=torch.int32)
+            eager = variants.gpt_oss.decode(q, pool, pool, lens, sinks, page_table=table)
+            torch.testing.assert_close(compiled(q, pool, lens, sinks), 2 * eager, rtol=0, atol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
