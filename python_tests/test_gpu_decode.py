@@ -95,3 +95,23 @@ def test_cuda_graph_capture():
         graph.replay()
         want = variants.llama3.decode(q, k, v, lens)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_torch_compile_cuda_graphs():
+    """torch.compile(mode="reduce-overhead", fullgraph=True) of a decode step (one
+    attnfuse::decode node, replayed as a CUDA graph) gives the eager call's output for new lengths."""
+    dev = "cuda"
+    q = torch.randn(2, 32, 1, 128, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(2, 8, 2048, 128, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    with af.backend("triton"):
+        step = torch.compile(
+            lambda q, k, v, lens: variants.llama3.decode(q, k, v, lens), mode="reduce-overhead", fullgraph=True
+        )
+        for lens in ([100, 2000], [2048, 7], [1, 1024]):
+            lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+            want = variants.llama3.decode(q, k, v, lens)
+            for _ in range(3):  # warm-up, record, replay
+                got = step(q, k, v, lens)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
