@@ -232,8 +232,9 @@ def decode(
     are checked against the cache, which costs one device-to-host copy; `check=False` skips it
     (and is what CUDA-graph capture needs).
 
-    A signature seen before (backend, device, dtype, heads, head dims, page size, capacity, the
-    extras' dtypes and shapes) skips tracing and kernel lookup: its run is kept on the variant."""
+    A signature seen before (backend, device, dtype, query and KV heads, head dims, page size,
+    capacity, the extras' dtypes, shapes and devices) skips tracing and kernel lookup: its run is
+    kept on the variant."""
     page, capacity = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table)
     if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(cache_seqlens, capacity, page_table, page, k_cache.shape[0])
@@ -246,8 +247,9 @@ def decode(
             "run it under torch.no_grad(), or call the variant itself for a differentiable output"
         )
     backend_name = launch.current_backend()
-    key: tuple[Any, ...] = (backend_name, q.device, q.dtype, q.shape[1], q.shape[3], v_cache.shape[3], page, capacity)
-    key += tuple((x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras)
+    hkv = k_cache.shape[2 if page else 1]
+    key: tuple[Any, ...] = (backend_name, q.device, q.dtype, q.shape[1], hkv, q.shape[3], v_cache.shape[3], page)
+    key += (capacity, *((x.dtype, x.shape, x.device) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras))
     try:
         run = variant._decode_hot[key]
     except (KeyError, TypeError):

@@ -346,3 +346,17 @@ def test_torch_compile_fullgraph():
             eager = variants.gpt_oss.decode(q, pool, pool, lens, sinks, page_table=table)
             torch.testing.assert_close(compiled(q, pool, lens, sinks), 2 * eager, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+
+
+def test_signature_includes_the_kv_heads():
+    """Two calls that differ only in the cache's KV heads (same query heads) take their own kernels."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 1, D, generator=g).half()
+    lens = torch.tensor([20], dtype=torch.int32)
+    with af.backend("interpret"):
+        for hkv in (2, 4, 1):
+            k = torch.randn(1, hkv, 24, D, generator=g).half()
+            out = variants.mistral.decode(q, variants.mistral.cache_keys(k, torch.arange(24)), k, lens)
+            with af.backend("reference"):
+                want = variants.mistral(q.double(), k[:, :, :20].double(), k[:, :, :20].double())
+            torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-2)
