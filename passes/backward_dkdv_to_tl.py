@@ -28,17 +28,10 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
     p = Params()
     kb = KernelBuilder(p, p.block)
     bkey, bq = bl.block_m, bl.block_n
-    qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = bl.loop_params(p)
-    pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
-    pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-    b = kb.floordiv(pid_bh, bl.hkv, hint="b")
-    hk = kb.rem(pid_bh, bl.hkv, hint="h_kv")
-    b_off, hk_off = kb.cast(b, i64, hint="b_off"), kb.cast(hk, i64, hint="hk_off")
-    n_start = kb.mul(pid_n, block_m, hint="n_start")
-    n_off = kb.cast(n_start, i64, hint="n_off")
-    rows_n = kb.arange(block_m, hint="rows_n")
-    offs_n = kb.add(n_start, rows_n, hint="offs_n")
-    kv_ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
+    qs, ks, v, do, lse_ptr, delta_ptr, lengths, block_m, block_n = bl.loop_params(p)
+    kv = bl.kv_program(kb, lengths, block_m)
+    pid_n, pid_bh, b, hk, b_off, hk_off = kv.pid_n, kv.pid_bh, kv.b, kv.hk, kv.b_off, kv.hk_off
+    n_start, n_off, rows_n, offs_n, kv_ok, nq, nk = kv.n_start, kv.n_off, kv.rows_n, kv.offs_n, kv.kv_ok, kv.nq, kv.nk
     k_base = bl.base(kb, ks, b_off, hk_off)
     k_t = bl.tile(kb, ks, k_base, n_off, rows_n, kv_ok, bl.d, "k")
     v_base = bl.base(kb, v, b_off, hk_off)
@@ -58,14 +51,14 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
         h_off = hb.cast(h, i64, hint="h_off")
         q_base = bl.base(hb, qs, b_off, h_off)
         do_base = bl.base(hb, do, b_off, h_off)
-        row_base = hb.mul(hb.add(hb.mul(b_off, bl.hq), h_off), nq, hint="row_base")
+        row_base = kv.lse_rows(hb, h_off, bl.hq)
         for lo, hi, masked in segments:
 
             def step(ib: KernelBuilder, start_m: SSAValue, c: dict[str, SSAValue], masked=masked):
                 rows = ib.arange(block_n, hint="rows_m")
                 offs_m = ib.add(start_m, rows, hint="offs_m")
                 row_ok = ib.cmp("<", offs_m, nq, hint="row_ok")
-                m_off = ib.cast(start_m, i64, hint="m_off")
+                m_off = kv.q_rows(ib, start_m)
                 q_t = bl.tile(ib, qs, q_base, m_off, rows, row_ok, bl.d, "q")
                 s = bl.scores(ib, ib.dot(k_t, ib.emit(tl.TransOp(q_t)), None, bl.precision, hint="kq"))
                 q_pos = ib.add(offs_m, shift, hint="q_pos")
@@ -95,7 +88,6 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
         carried = head(kb, None, carried)
     else:
         carried = kb.loop(0, group, 1, carried, lambda hb, hg, c: head(hb, hg, c), iv_name="hg")
-    k_name_host = bl.host_name(bl.chains.k_arg)
     if bl.need_dk:
         program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_n, hint="program")
         dk = kb.mul(carried["dk"], bl.scale)
@@ -113,5 +105,4 @@ def dkdv_kernel(bl: BackwardLowering) -> KernelCall:
             kb.cast(carried["dv"], bl.vdtype),
         )
     p.block.add_op(tl.ReturnOp())
-    grid = [f"_cdiv({k_name_host}.shape[2], {bkey})", f"{k_name_host}.shape[0] * {bl.hkv}"]
-    return KernelCall(bl.kernel("attn_bwd_dkdv", p), p, grid, bl.num_warps, bl.num_stages)
+    return KernelCall(bl.kernel("attn_bwd_dkdv", p), p, bl.dkdv_grid(), bl.num_warps, bl.num_stages)

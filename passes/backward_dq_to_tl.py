@@ -26,19 +26,22 @@ def dq_kernel(bl: BackwardLowering) -> KernelCall:
     p = Params()
     kb = KernelBuilder(p, p.block)
     bm, bn = bl.block_m, bl.block_n
-    qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n = bl.loop_params(p)
-    q_name = bl.host_name(bl.chains.q_arg)
-    ids = bl.q_program(kb, block_m, nq, nk)
+    qs, ks, v, do, lse_ptr, delta_ptr, lengths, block_m, block_n = bl.loop_params(p)
+    nq, nk, ids = bl.program(kb, lengths, block_m)
     pid_bh, num_q_blocks, pid_m, b, h = ids.pid_bh, ids.num_q_blocks, ids.pid_m, ids.b, ids.h
     b_off, h_off, hk_off, m_start, m_off = ids.b_off, ids.h_off, ids.hk_off, ids.m_start, ids.m_off
     rows_m, offs_m, row_ok, shift, q_pos = ids.rows_m, ids.offs_m, ids.row_ok, ids.shift, ids.q_pos
     q_t = bl.tile(kb, qs, bl.base(kb, qs, b_off, h_off), m_off, rows_m, row_ok, bl.d, "q")
     do_t = bl.tile(kb, do, bl.base(kb, do, b_off, h_off), m_off, rows_m, row_ok, bl.dv, "do")
-    row_base = kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off, hint="row_base")
+    row_base = ids.lse_row0 if ids.lse_row0 is not None else kb.add(kb.mul(kb.cast(pid_bh, i64), nq), m_off)
+    row_base.name_hint = "row_base"
     lse = bl.row_stat(kb, lse_ptr, row_base, rows_m, row_ok, POS_INF, "lse")
     lse2 = kb.row(kb.mul(kb.where(kb.cmp("==", lse, NEG_INF), POS_INF, lse), LOG2E, hint="lse2"))
     delta = kb.row(bl.row_stat(kb, delta_ptr, row_base, rows_m, row_ok, 0.0, "delta"))
     k_base, v_base = bl.base(kb, ks, b_off, hk_off), bl.base(kb, v, b_off, hk_off)
+    if ids.k_row0 is not None:  # the sequence's first key
+        k_base = kb.add(k_base, kb.mul(ids.k_row0, ks.strides[2]), hint="k_seq")
+        v_base = kb.add(v_base, kb.mul(ids.k_row0, v.strides[2]), hint="v_seq")
     q_idx = kb.row(q_pos)
     docs = {a: kb.row(t) for a, t in bl.doc_ids(kb, p, b_off, q_pos, row_ok).items()}
     q_lo = kb.add(m_start, shift, hint="q_lo")
@@ -76,5 +79,4 @@ def dq_kernel(bl: BackwardLowering) -> KernelCall:
     dq = kb.mul(carried["dq"], bl.scale)
     store_gradient(bl, kb, p, bl.q, dq, b_off, h_off, m_off, rows_m, q_pos, offs_m, row_ok, program, "dq")
     p.block.add_op(tl.ReturnOp())
-    grid = [f"{q_name}.shape[0] * {bl.hq}", f"_cdiv({q_name}.shape[2], {bm})"]
-    return KernelCall(bl.kernel("attn_bwd_dq", p), p, grid, bl.num_warps, bl.num_stages)
+    return KernelCall(bl.kernel("attn_bwd_dq", p), p, bl.dq_grid(), bl.num_warps, bl.num_stages)

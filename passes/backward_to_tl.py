@@ -46,7 +46,7 @@ from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_dkdv_to_tl import dkdv_kernel
 from attnfuse.passes.backward_dq_to_tl import dq_kernel
 from attnfuse.passes.backward_pre_to_tl import pre_kernel
-from attnfuse.passes.kernel_lowering import NEG_INF, KernelLowering, ScoreCtx
+from attnfuse.passes.kernel_lowering import NEG_INF, KernelLowering, KvProgram, ScoreCtx
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
@@ -327,12 +327,35 @@ class BackwardLowering(KernelLowering):
         do = self.typed_tensor(p, "dout", self.host_of(1), self.dtype)
         lse_ptr = p.param("Lse", tl.PointerType(f32), self.host_of(2))
         delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
-        q_name, k_name = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
-        nq = p.param("NQ", i32, f"{q_name}.shape[2]")
-        nk = p.param("NK", i32, f"{k_name}.shape[2]")
+        lengths = self.length_params(p)
         block_m = p.param("BLOCK_M", i32, str(self.block_m), constexpr=True)
         block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
-        return qs, ks, v, do, lse_ptr, delta_ptr, nq, nk, block_m, block_n
+        return qs, ks, v, do, lse_ptr, delta_ptr, lengths, block_m, block_n
+
+    def kv_program(self, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue) -> KvProgram:
+        """The dK/dV program's KV block, batch and KV head, on a grid (KV blocks, batch x KV heads)."""
+        nq, nk = lengths
+        pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
+        pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
+        b = kb.floordiv(pid_bh, self.hkv, hint="b")
+        hk = kb.rem(pid_bh, self.hkv, hint="h_kv")
+        b_off, hk_off = kb.cast(b, i64, hint="b_off"), kb.cast(hk, i64, hint="hk_off")
+        n_start = kb.mul(pid_n, block_m, hint="n_start")
+        n_off = kb.cast(n_start, i64, hint="n_off")
+        rows_n = kb.arange(block_m, hint="rows_n")
+        offs_n = kb.add(n_start, rows_n, hint="offs_n")
+        kv_ok = kb.cmp("<", offs_n, nk, hint="kv_ok")
+        return KvProgram(pid_n, pid_bh, b, hk, b_off, hk_off, n_start, n_off, rows_n, offs_n, kv_ok, nq, nk)
+
+    def dkdv_grid(self) -> list[str]:
+        """The dK/dV kernel's grid: (KV blocks, batch x KV heads)."""
+        k = self.host_name(self.chains.k_arg)
+        return [f"_cdiv({k}.shape[2], {self.block_m})", f"{k}.shape[0] * {self.hkv}"]
+
+    def dq_grid(self) -> list[str]:
+        """The dQ kernel's grid: (batch x heads, Q blocks)."""
+        q = self.host_name(self.chains.q_arg)
+        return [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
 
     # ------------------------------------------------------------------ the launcher
     def lower(self) -> LoweredFunction:
@@ -379,7 +402,11 @@ class BackwardLowering(KernelLowering):
         for c in calls:
             ops.append(call_op(c))
         ops += self.gradients_returned()
-        return tl.LauncherOp("launch", self.names, ops)
+        return tl.LauncherOp("launch", self.launcher_params(), ops)
+
+    def launcher_params(self) -> list[str]:
+        """The launcher's parameters: the function's arguments (q, k, v, extras, out, lse, dout)."""
+        return list(self.names)
 
     def partial_buffers(self, calls: list[KernelCall], device: str) -> list[Operation]:
         """The float32 buffers of the per-program shares of the sink's and the weights'

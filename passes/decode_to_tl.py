@@ -82,7 +82,7 @@ class DecodeLowering(KernelLowering):
         h = kb.add(kb.mul(hk, self.group), g, hint="h")
         return rows, qi, h, ok
 
-    def program(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue, SSAValue]:
+    def kv_head_program(self, kb: KernelBuilder) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue, SSAValue]:
         """(pid_bh, b, KV head, b and KV head as int64) of a program on axis 0 (batch x KV heads)."""
         pid_bh = kb.emit(tl.ProgramIdOp(0), "pid_bh")
         b = kb.floordiv(pid_bh, self.hkv, hint="b")
@@ -115,7 +115,7 @@ class DecodeLowering(KernelLowering):
         block_m = p.param("BLOCK_M", i32, "block_m", constexpr=True)
         block_n = p.param("BLOCK_N", i32, str(self.block_n), constexpr=True)
 
-        pid_bh, b, hk, b_off, hk_off = self.program(kb)
+        pid_bh, b, hk, b_off, hk_off = self.kv_head_program(kb)
         split = kb.emit(tl.ProgramIdOp(1), "split")
         n_splits = kb.emit(tl.NumProgramsOp(1), "n_splits")
         nk = kb.load(kb.add(seqlens, b), hint="nk")
@@ -304,7 +304,7 @@ class DecodeLowering(KernelLowering):
         n_splits = p.param("N_SPLITS", i32, "splits")
         block_m = p.param("BLOCK_M", i32, "block_m", constexpr=True)
         chunk = p.param("CHUNK", i32, str(COMBINE_CHUNK), constexpr=True)
-        pid_bh, b, hk, b_off, _ = self.program(kb)
+        pid_bh, b, hk, b_off, _ = self.kv_head_program(kb)
         row = kb.emit(tl.ProgramIdOp(1), "row")
         qi = kb.rem(row, nq, hint="qi")
         h = kb.add(kb.mul(hk, self.group), kb.floordiv(row, nq), hint="h")

@@ -34,7 +34,7 @@ from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E, Placement
-from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, QProgram, ScoreCtx
+from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, ScoreCtx
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
@@ -130,19 +130,6 @@ class ForwardLowering(KernelLowering):
         """`attn_fwd`'s grid: (batch x heads, Q blocks)."""
         q = self.host_name(self.chains.q_arg)
         return [f"{q}.shape[0] * {self.hq}", f"_cdiv({q}.shape[2], {self.block_m})"]
-
-    def length_params(self, p: Params) -> tuple[SSAValue, ...]:
-        """The kernel's parameters its lengths come from: Nq and Nk."""
-        chains = self.chains
-        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
-        return nq, p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
-
-    def program(
-        self, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue
-    ) -> tuple[SSAValue, SSAValue, QProgram]:
-        """(Nq, Nk, the program's Q block)."""
-        nq, nk = lengths
-        return nq, nk, self.q_program(kb, block_m, nq, nk)
 
     def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
         """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""

@@ -101,6 +101,45 @@ class QProgram:
     """The lse offset of the Q block's first row; None: batch x head x Nq + its row."""
 
 
+@dataclass
+class KvProgram:
+    """A dK/dV program's KV block, batch and KV head (`BackwardLowering.kv_program`)."""
+
+    pid_n: SSAValue
+    pid_bh: SSAValue
+    b: SSAValue
+    hk: SSAValue
+    b_off: SSAValue
+    hk_off: SSAValue
+    n_start: SSAValue
+    """The block's first key position."""
+    n_off: SSAValue
+    """The row of K and V holding that key, int64."""
+    rows_n: SSAValue
+    offs_n: SSAValue
+    """Key positions of the block, [BLOCK_M]."""
+    kv_ok: SSAValue
+    nq: SSAValue
+    nk: SSAValue
+    q_row0: SSAValue | None = None
+    """The row of Q holding the sequence's first query, int64; None: row 0."""
+    lse_heads: SSAValue | None = None
+    """With `lse_row0`: the lse offset of head h's first query row is h x `lse_heads` + `lse_row0`
+    (None: (batch x Hq + h) x Nq)."""
+    lse_row0: SSAValue | None = None
+
+    def lse_rows(self, kb: KernelBuilder, h_off: SSAValue, hq: int) -> SSAValue:
+        """The lse (and delta) offset of query head `h_off`'s first query row."""
+        if self.lse_heads is not None and self.lse_row0 is not None:
+            return kb.add(kb.mul(h_off, self.lse_heads), self.lse_row0, hint="row_base")
+        return kb.mul(kb.add(kb.mul(self.b_off, hq), h_off), self.nq, hint="row_base")
+
+    def q_rows(self, kb: KernelBuilder, start_m: SSAValue) -> SSAValue:
+        """The row of Q (dO) holding query position `start_m`, int64."""
+        m_off = kb.cast(start_m, i64, hint="m_off")
+        return m_off if self.q_row0 is None else kb.add(m_off, self.q_row0, hint="m_seq")
+
+
 class KernelLowering:
     """The kernels of one variant: what every kernel path builds them from."""
 
@@ -350,6 +389,20 @@ class KernelLowering:
         return ScoreCtx(b, h, b_off, q_idx, kv_idx, None, None, doc_q, fast_tanh)
 
     # ------------------------------------------------------------------ the program's Q block
+    def length_params(self, p: Params) -> tuple[SSAValue, ...]:
+        """The kernel's parameters its lengths come from: Nq and Nk (a varlen kernel: its
+        sequences' bounds)."""
+        chains = self.chains
+        nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
+        return nq, p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
+
+    def program(
+        self, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue
+    ) -> tuple[SSAValue, SSAValue, QProgram]:
+        """(Nq, Nk, the program's Q block)."""
+        nq, nk = lengths
+        return nq, nk, self.q_program(kb, block_m, nq, nk)
+
     def q_program(self, kb: KernelBuilder, block_m: SSAValue, nq: SSAValue, nk: SSAValue) -> QProgram:
         """The program's Q block, batch and heads, on a grid (batch x heads, Q blocks)."""
         # Q blocks walked from the last: with a causal mask the last Q blocks do the most
@@ -414,10 +467,7 @@ class KernelLowering:
         rows = kb.arange(block_n, hint="rows_n")
         offs_n = kb.add(n_start, rows, hint="offs_n")
         ok = kb.cmp("<", offs_n, n, hint="row_ok")
-        pos = offs_n
-        if is_q:  # queries are the last NQ of the NK positions
-            nk = p.param("NK", i32, f"{self.host_name(chains.k_arg)}.shape[2]")
-            pos = kb.add(offs_n, kb.sub(nk, n), hint="q_pos")
+        pos = self.row_positions(kb, p, which, offs_n, n)
 
         def base_of(ptr: SSAValue, strides: list[SSAValue], hint: str) -> SSAValue:
             """The tile's first row: batch, head and row offsets in int64."""
@@ -451,6 +501,14 @@ class KernelLowering:
         p.block.add_op(tl.ReturnOp())
         grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
         return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
+
+    def row_positions(self, kb: KernelBuilder, p: Params, which: str, offs_n: SSAValue, n: SSAValue) -> SSAValue:
+        """The positions of rows `offs_n` of q or k (`which`) in a pre-rotation kernel: k's row n
+        is position n; queries are the last NQ of the NK positions."""
+        if which != "q":
+            return offs_n
+        nk = p.param("NK", i32, f"{self.host_name(self.chains.k_arg)}.shape[2]")
+        return kb.add(offs_n, kb.sub(nk, n), hint="q_pos")
 
     # ------------------------------------------------------------------ kernels and launcher
     def kernel(self, name: str, p: Params) -> tl.KernelOp:
