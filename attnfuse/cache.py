@@ -173,15 +173,15 @@ def triton_version() -> str:
     return triton.__version__
 
 
-DIRECTIONS = ("fwd", "bwd", "decode", "varlen")
+DIRECTIONS = ("fwd", "bwd", "decode")
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     """Everything a kernel's key covers, besides versions. `direction` is "fwd" (the
-    forward: out and lse), "bwd" (the backward), "decode" (the decode kernels over a KV
-    cache, `page_size` 0 for a contiguous one, `splits` 0 for the cost model's) or "varlen" (the
-    forward over packed sequences); `wrt` are the
+    forward: out and lse), "bwd" (the backward) or "decode" (the decode kernels over a KV
+    cache, `page_size` 0 for a contiguous one, `splits` 0 for the cost model's); `varlen`: the
+    forward or backward over packed sequences; `wrt` are the
     indices of the function arguments a backward kernel differentiates (0, 1, 2 for q, k, v,
     3... for the extra tensors, in order), empty for a forward."""
 
@@ -196,6 +196,7 @@ class KernelSpec:
     wrt: tuple[int, ...] = ()
     page_size: int = 0
     splits: int = 0
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -204,18 +205,21 @@ class KernelSpec:
             raise ValueError(f"a forward kernel differentiates nothing, got wrt={self.wrt}")
         if self.direction != "decode" and (self.page_size or self.splits):
             raise ValueError("page_size and splits are a decode kernel's")
+        if self.direction == "decode" and self.varlen:
+            raise ValueError("a decode kernel is not a varlen one")
         if self.direction == "bwd" and (not self.wrt or list(self.wrt) != sorted(set(self.wrt))):
             raise ValueError(f"a backward kernel needs wrt: increasing argument indices, got {self.wrt}")
 
     def compile_options(self) -> dict[str, Any]:
         """The keywords the compile function gets besides `sm` and `seq_len`: none for a
         forward, `direction` and `wrt` for a backward, `direction`, `page_size` and
-        `decode_splits` for decode kernels."""
+        `decode_splits` for decode kernels, and `varlen` for packed sequences."""
         if self.direction == "decode":
             return {"direction": "decode", "page_size": self.page_size, "decode_splits": self.splits}
-        if self.direction == "varlen":
-            return {"direction": "varlen"}
-        return {} if self.direction == "fwd" else {"direction": self.direction, "wrt": self.wrt}
+        options: dict[str, Any] = {"varlen": True} if self.varlen else {}
+        if self.direction == "bwd":
+            options |= {"direction": self.direction, "wrt": self.wrt}
+        return options
 
     def key(self) -> str:
         fields = {
@@ -229,6 +233,7 @@ class KernelSpec:
             "direction": self.direction,
             "wrt": list(self.wrt),
             **({"page_size": self.page_size, "splits": self.splits} if self.direction == "decode" else {}),
+            **({"varlen": True} if self.varlen else {}),
             "triton": triton_version(),
             "attnfuse": version_fingerprint(),
         }

@@ -113,9 +113,10 @@ def compile_module(
     gradients of the arguments `wrt` (indices; empty: all that have one), whose
     `launch(*args, out, lse, dout)` returns them in that order, or with `direction="decode"`
     its decode kernels (`launch(q, k_cache, v_cache, *extras, cache_seqlens[, page_table])`;
-    option `page_size` for a paged cache), or with `direction="varlen"` its forward over packed
-    sequences (`launch(q, k, v, *extras, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)`, q, k, v as
-    [1, H, total, D]).
+    option `page_size` for a paged cache). Option `varlen=True` compiles the forward or backward
+    over packed sequences (q, k, v as [1, H, total, D]; the forward's `launch` takes
+    `cu_seqlens_q, cu_seqlens_k, max_seqlen_q` after the function's arguments, the backward's
+    also `max_seqlen_k, positions_q, positions_k`).
     `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len,
     gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps, num_stages,
     causal_split); another name is an `AttnFuseError` that lists them, a bad value the stage's
@@ -150,8 +151,8 @@ def compile_module(
         raise AttnFuseError(f"compile_module got unknown pipeline options {unknown}; it takes {sorted(known)}")
     if direction == "bwd":
         options = {**options, "backward": True, "wrt": tuple(wrt)}
-    elif direction in ("decode", "varlen"):
-        options = {**options, direction: True}
+    elif direction == "decode":
+        options = {**options, "decode": True}
     module = module.clone()
     pipeline = AttnFusePipelinePass(sm=sm, seq_len=seq_len, **options)
     dump = _ir_dump(module, dump_ir, sm=sm, seq_len=seq_len, options=options)

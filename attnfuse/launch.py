@@ -133,10 +133,11 @@ def load_kernel(
     *,
     direction: str = "fwd",
     page_size: int = 0,
+    varlen: bool = False,
 ) -> tuple[LoadedKernel, Callable[..., Any], KernelSpec]:
     """The kernel of `trace` for these tensors, its launch function (`KernelCache.launcher`)
     and its spec: the forward, or with `direction="decode"` the decode kernels (`page_size`:
-    0 for a contiguous cache)."""
+    0 for a contiguous cache); `varlen`: over packed sequences."""
     spec = KernelSpec(
         ir=trace.text,
         dtypes=(str(q.dtype), str(k.dtype), str(v.dtype)),
@@ -147,6 +148,7 @@ def load_kernel(
         interpret=interpret,
         direction=direction,
         page_size=page_size,
+        varlen=varlen,
     )
     try:
         return (*KERNELS.launcher(trace.module, spec), spec)

@@ -2,9 +2,9 @@
 sequence s at tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1; each computed as the variant's
 ordinary call on it alone (positions from 0 in each; fewer queries than keys are its last).
 
-On the `triton` and `interpret` backends the forward is the generated varlen kernel
-(`passes/varlen_to_tl.py`, kernel path `varlen`) and its backward runs each sequence's ordinary
-backward kernels in turn; on `reference` each sequence is the reference backend's ordinary call.
+On the `triton` and `interpret` backends the forward and the backward are the generated varlen
+kernels (`passes/varlen_to_tl.py`, kernel path `varlen`: the generic kernels with their programs
+per sequence); on `reference` each sequence is the reference backend's ordinary call.
 Extras indexed by token (RoPE positions, document ids) are refused: a packed batch would need
 them per sequence.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from attnfuse import dsl, launch, validation
+from attnfuse import autograd, dsl, launch, validation
 from attnfuse.errors import AttnFuseError
 from attnfuse.inference import analyse_trace
 
@@ -111,7 +111,6 @@ def varlen(
             f"{variant.__name__}.varlen takes no per-token extras ({', '.join(bad)}): positions restart at 0 in each "
             "packed sequence; call the variant per sequence for explicit positions or document ids"
         )
-    tensors = [x for x in full if isinstance(x, torch.Tensor)]
     mode = launch.kernel_mode(launch.current_backend(), q)
     if mode == "reference" or q.shape[0] == 0:
         out4 = _per_sequence(variant, q4, k4, v4, cu_seqlens_q, cu_seqlens_k, full)
@@ -121,7 +120,9 @@ def varlen(
         out = varlen(variant, fq, fk, fv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *ex32, check=False)
         return out.to(torch.bfloat16)
     else:
-        out4 = _kernel_varlen(variant, trace, mode, q4, k4, v4, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, full, tensors)
+        out4 = _kernel_varlen(
+            variant, trace, mode, q4, k4, v4, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, full
+        )
     return out4[0].transpose(0, 1)
 
 
@@ -147,68 +148,73 @@ def _kernel_varlen(
     cu_q: torch.Tensor,
     cu_k: torch.Tensor,
     max_q: int,
+    max_k: int,
     full: tuple[object, ...],
-    tensors: list[torch.Tensor],
 ) -> torch.Tensor:
-    """The varlen kernel, recorded by autograd when an input requires grad (its backward runs the
-    ordinary backward kernels per sequence)."""
+    """The varlen forward kernel, recorded by autograd when an input requires grad (its backward
+    is the varlen backward kernels, compiled for the inputs requiring grad before the forward runs,
+    so a gradient the compiler cannot form is an error here)."""
     if q4.dtype == torch.float64:
         raise AttnFuseError(
             f"varlen: q, k and v are float64, which the {mode} backend does not run; "
             "af.backend('reference') computes float64 calls in float64"
         )
     interpret = mode == "interpret"
-    _, run, _ = launch.load_kernel(trace, q4, k4, v4, interpret, direction="varlen")
+    tensors = [x for x in full if isinstance(x, torch.Tensor)]
+    _, run, spec = launch.load_kernel(trace, q4, k4, v4, interpret, varlen=True)
     inputs = (q4, k4, v4, *tensors)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
         return run(q4, k4, v4, *tensors, cu_q, cu_k, max_q, lse=launch.lse_workspace(q4))[0]
     wrt = tuple(i for i, t in enumerate(inputs) if t.requires_grad)
-    n = int(cu_q.numel() > 1)
-    # The ordinary kernels of one sequence's call, whose backward the varlen backward runs per sequence.
-    target = variant._kernel(trace, q4[:, :, :n], k4[:, :, :n], v4[:, :, :n], full, interpret)[2]
-    target.backward_launch(wrt)  # a gradient the compiler cannot form is an error now, not in backward
+    names = [*variant.arg_names[:3], *(n for n, x in zip(variant.arg_names[3:], full, strict=True) if _tensor(x))]
+    target = autograd.KernelTarget(variant.__name__, names, trace, spec, run, float32=False)
+    backward = target.backward_launch(wrt)
 
     def forward(*xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return run(*xs[:3], *xs[3:], cu_q, cu_k, max_q)
+        return run(*xs, cu_q, cu_k, max_q)
 
-    return cast(torch.Tensor, _Varlen.apply(forward, target, wrt, cu_q, cu_k, *inputs))
+    def grads(*xs: torch.Tensor) -> list[torch.Tensor]:
+        pos_q, pos_k = token_positions(cu_q, cu_k, q4.shape[2], k4.shape[2])
+        return backward(*xs, cu_q, cu_k, max_q, max_k, pos_q, pos_k)
+
+    return cast(torch.Tensor, _Varlen.apply(forward, grads, wrt, *inputs))
+
+
+def _tensor(x: object) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def token_positions(
+    cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each packed token's position in its sequence, int32: keys 0.., queries the sequence's last
+    positions (Nk - Nq + i). Computed on the device, without a host synchronisation."""
+    lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    seqs = torch.arange(lens_q.numel(), device=cu_q.device)
+    seq_q = torch.repeat_interleave(seqs, lens_q, output_size=total_q)
+    seq_k = torch.repeat_interleave(seqs, lens_k, output_size=total_k)
+    pos_k = torch.arange(total_k, device=cu_k.device) - cu_k[:-1][seq_k]
+    pos_q = torch.arange(total_q, device=cu_q.device) - cu_q[:-1][seq_q] + (lens_k - lens_q)[seq_q]
+    return pos_q.to(torch.int32), pos_k.to(torch.int32)
 
 
 class _Varlen(torch.autograd.Function):
-    """The varlen forward kernel; backward: each sequence's ordinary backward kernels on its rows
-    of q, k, v, out, lse and dout, gradients of shared extras (QK-norm weights, sinks) summed."""
+    """The varlen forward kernel; backward: the varlen backward kernels (each sequence's rows as
+    the ordinary backward's; gradients of shared extras such as QK-norm weights summed)."""
 
     @staticmethod
-    def forward(ctx, forward, target, wrt, cu_q, cu_k, *inputs):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, forward, grads, wrt, *inputs):  # type: ignore[no-untyped-def, override]
         out, lse = forward(*inputs)
-        ctx.target, ctx.wrt = target, wrt
-        ctx.save_for_backward(cu_q, cu_k, out, lse, *inputs)
+        ctx.grads, ctx.wrt = grads, wrt
+        ctx.save_for_backward(out, lse, *inputs)
         ctx.mark_non_differentiable(lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[no-untyped-def, override]
-        cu_q, cu_k, out, lse, *inputs = ctx.saved_tensors
+        out, lse, *inputs = ctx.saved_tensors
+        found = ctx.grads(*inputs, out, lse, dout.contiguous())
         grads: list[torch.Tensor | None] = [None] * len(inputs)
-        for i in ctx.wrt:
-            grads[i] = torch.zeros_like(inputs[i], dtype=torch.float32 if i >= 3 else inputs[i].dtype)
-        qs, ks = cu_q.tolist(), cu_k.tolist()
-        q4, k4, v4, *extras = inputs
-        for a, b, c, d in zip(qs, qs[1:], ks, ks[1:], strict=False):
-            if b == a:
-                continue
-            rows = (q4[:, :, a:b], k4[:, :, c:d], v4[:, :, c:d])
-            part = ctx.target.backward(
-                ctx.wrt, *rows, extras, out[:, :, a:b], lse[:, :, a:b].contiguous(), dout[:, :, a:b]
-            )
-            for i, g in zip(ctx.wrt, part, strict=True):
-                target = grads[i]
-                assert target is not None
-                if i == 0:
-                    target[:, :, a:b] = g
-                elif i in (1, 2):
-                    target[:, :, c:d] = g
-                else:
-                    target += g.float()
-        final = [g if g is None or i < 3 else g.to(inputs[i].dtype) for i, g in enumerate(grads)]
-        return (None, None, None, None, None, *final)
+        for i, g in zip(ctx.wrt, found, strict=True):
+            grads[i] = g.to(inputs[i].dtype)
+        return (None, None, None, *grads)

@@ -14,8 +14,8 @@ kernels (`tl.kernel`), device functions (`tl.device_fn`) and launcher (`tl.launc
   backward's hooks and workspace kernels, a launcher that chooses per call);
 - a forward compiled for decoding (`decode`): `decode_to_tl` (split-KV over a contiguous or
   paged KV cache, GQA packed, and a combine kernel);
-- a forward over packed sequences (`varlen`): `varlen_to_tl` (the generic forward, one program
-  per sequence x head and Q block).
+- a forward or backward over packed sequences (`varlen`): `varlen_to_tl` (the generic kernels,
+  their programs per sequence).
 
 A new kernel path (an sm90 backward, decode, FP8) is a module beside these with a class that
 lowers one function (`lower()` -> `launcher_to_tl.LoweredFunction`), and one entry in
@@ -42,7 +42,7 @@ from attnfuse.passes.gluon_bwd_to_tl import GluonBackwardLowering
 from attnfuse.passes.gluon_to_tl import GluonLowering
 from attnfuse.passes.kernel_path import DECODE, GLUON, TRITON, VARLEN, checked_kernel_path
 from attnfuse.passes.launcher_to_tl import LoweredFunction, arg_names
-from attnfuse.passes.varlen_to_tl import VarlenLowering
+from attnfuse.passes.varlen_to_tl import VarlenBackwardLowering, VarlenLowering
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -57,6 +57,7 @@ LOWERINGS: dict[tuple[str, str], PathLowering] = {
     (BACKWARD, GLUON): lambda chains, names: GluonBackwardLowering(chains, names).lower(),
     (FORWARD, DECODE): lambda chains, names: DecodeLowering(chains, names).lower(),
     (FORWARD, VARLEN): lambda chains, names: VarlenLowering(chains, names).lower(),
+    (BACKWARD, VARLEN): lambda chains, names: VarlenBackwardLowering(chains, names).lower(),
 }
 """The kernel paths, by (direction, kernel-path's path): where a new path registers."""
 

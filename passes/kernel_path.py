@@ -31,9 +31,9 @@ paged pool [pages, page_size, Hkv, D]) and the split cost model: the launcher gi
 KV head) `splits` programs, `cdiv(waves x SMs, B x Hkv)`, at most one per `min_split_keys` keys
 of the cache and per block of keys (or the option's fixed `splits`).
 
-`varlen` (option `varlen`): a forward over packed sequences of different lengths
-(`Variant.varlen`): the generic kernel, one program per (sequence x head, Q block), each
-sequence computed alone (`varlen_to_tl`).
+`varlen` (option `varlen`): a forward or backward over packed sequences of different lengths
+(`Variant.varlen`): the generic kernels, their programs per sequence, each sequence computed
+alone (`varlen_to_tl`).
 
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
@@ -236,8 +236,6 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     if path.data == TRITON:
         return TRITON, 0
     if path.data == VARLEN:
-        if v.is_backward:
-            raise DiagnosticException(f'{where} says "{VARLEN}" for a backward function: it is a forward path')
         return VARLEN, 0
     if path.data == DECODE:
         _check_decode(v, entry, where)
@@ -364,9 +362,8 @@ class KernelPathPass(ModulePass):
 
     def inference_entry(self, v: AttentionChains, sm: int) -> dict[str, Attribute]:
         """The entries of a forward compiled for decoding (`decode`) or packed sequences (`varlen`)."""
-        option = "decode" if self.decode else "varlen"
-        if v.is_backward:
-            raise DiagnosticException(f"func @{v.func.sym_name.data}: kernel-path {option}=true takes a forward")
+        if v.is_backward and self.decode:
+            raise DiagnosticException(f"func @{v.func.sym_name.data}: kernel-path decode=true takes a forward")
         entry: dict[str, Attribute] = {"path": StringAttr(VARLEN), "reason": StringAttr("packed sequences")}
         if self.decode:
             entry = {

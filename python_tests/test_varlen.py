@@ -72,14 +72,16 @@ def test_forward_every_family(family, lengths):
     torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-2)
 
 
-@pytest.mark.parametrize("family", [0, 3, 5])
-def test_backward(family):
-    """Gradients of q, k, v and of shared extras (QK-norm weights, sinks) match autograd of
-    the per-sequence reference in float64."""
+@pytest.mark.parametrize(("family", "lengths"), [(0, 0), (3, 0), (5, 0), (2, 1), (4, 1)])
+def test_backward(family, lengths):
+    """Gradients of q, k, v and of shared extras (QK-norm weights, sinks) through the varlen
+    backward kernels match autograd of the per-sequence reference in float64 (lengths off the
+    tiles, a sequence with no queries, one with more queries than keys)."""
     var, extras = _families(4)[family]
-    lq, lk = [3, 20, 0, 9], [17, 20, 4, 40]
+    lq, lk = [([3, 20, 0, 9], [17, 20, 4, 40]), ([40, 5, 33], [7, 5, 70])][lengths]
     q, k, v = _packed(lq, lk, grad=True)
-    extras = tuple(x.clone().requires_grad_(x.is_floating_point() and x.dim() == 1) for x in extras)
+    learned = family in (3, 5)  # QK-norm weights, sinks (ALiBi slopes have no gradient)
+    extras = tuple(x.clone().requires_grad_(learned and x.is_floating_point()) for x in extras)
     with af.backend("interpret"):
         out = var.varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), *extras)
     g = torch.randn_like(out)
@@ -144,6 +146,13 @@ def test_bad_input(change, message):
     a = change({"q": q, "k": k, "v": v, "cq": _cu([5, 3, 2]), "ck": _cu([5, 3, 2]), "mq": 5})
     with af.backend("interpret"), pytest.raises(af.AttnFuseError, match=message):
         variants.llama3.varlen(a["q"], a["k"], a["v"], a["cq"], a["ck"], a["mq"], 5)
+
+
+def test_a_gradient_the_compiler_cannot_form_is_named():
+    q, k, v = _packed([5, 3], [5, 3], grad=True)
+    slopes = af.alibi_slopes(4).requires_grad_()
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="slopes requires grad"):
+        variants.bloom.varlen(q, k, v, _cu([5, 3]), _cu([5, 3]), 5, 5, slopes)
 
 
 def test_per_token_extras_are_refused():

@@ -37,3 +37,21 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
   %o = attn.pv %p, %v : !attn.probs<4>, tensor<?x2x?x64xf16> -> tensor<?x4x?x64xf16>
   func.return %o : tensor<?x4x?x64xf16>
 }
+
+// The backward on the varlen path: the generic backward's kernels with each program's rows
+// addressed from its sequence's first query and key, and pre-rotation kernels that read each
+// packed token's position in its sequence.
+
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 varlen=true backward=true}' -t triton | filecheck %s --check-prefix=BWD
+// BWD:      def rotate_q({{.*}}, PosQ, rope_0_cos, rope_0_sin):
+// BWD:          q_pos = tl.load((PosQ + offs_n), mask=(offs_n < NQ), other=0)
+// BWD:      def attn_bwd_dkdv(
+// BWD:          seq = pid_bh // 2
+// BWD:          nq = tl.where((n_start < nk), nq_seq, 0)
+// BWD:          n_off = tl.cast((k_start + n_start), tl.int64)
+// BWD:              m_seq = m_off + q_row0
+// BWD:      def attn_bwd_dq(
+// BWD:          k_seq = {{.*}} + (k_row0 * stride_k_rot_2)
+// BWD:      def launch(q, k, v, out_3, lse_4, dout_5, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, positions_q, positions_k):
+// BWD:          _launch(attn_bwd_dkdv, (_cdiv(max_seqlen_k, 64), (cu_seqlens_q.shape[0] - 1) * 2,)
+// BWD:          _launch(attn_bwd_dq, ((cu_seqlens_q.shape[0] - 1) * 4, _cdiv(max_seqlen_q, 64),)
