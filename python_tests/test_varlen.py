@@ -160,3 +160,33 @@ def test_per_token_extras_are_refused():
     ids = torch.zeros(1, 8, dtype=torch.int32)
     with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="no per-token extras .*document ids"):
         variants.packed_documents.varlen(q, k, v, _cu([5, 3]), _cu([5, 3]), 5, 5, ids)
+
+
+def test_varlen_kernels_compile_for_sm90(tmp_path):
+    """The varlen forward and backward kernels compile for sm 90 on the CPU (Triton's compiler and
+    ptxas) with the tiling's launch shapes, within one SM's shared memory."""
+    from kernel_harness import compile_for_sm90
+
+    from attnfuse.cache import load_source
+    from attnfuse.compiler import compile_module
+
+    q = torch.zeros(1, 8, 300, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 300, 128, dtype=torch.bfloat16)
+    module = variants.llama3.ir_module(q, k, k)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    pos = torch.zeros(300, dtype=torch.int32)
+    calls = []
+    for direction, args in (
+        ("fwd", (q, k, k, cu, cu, 200)),
+        ("bwd", (q, k, k, q, torch.zeros(1, 8, 300), q, cu, cu, 200, 200, pos, pos)),
+    ):
+        source = compile_module(module, sm=90, direction=direction, varlen=True).source
+        mod = load_source(source, tmp_path, interpret=False)
+        mod._launch = lambda kernel, grid, warps, stages, *a: calls.append((kernel, warps, stages, a))
+        mod.launch(*args)
+    names = set()
+    for kernel, warps, stages, a in calls:
+        binary = compile_for_sm90(kernel, a, num_warps=warps, num_stages=stages)
+        assert binary.metadata.shared <= 232448, (kernel.__name__, binary.metadata.shared)
+        names.add(kernel.__name__)
+    assert names == {"attn_fwd", "attn_bwd_pre", "rotate_q", "rotate_k", "attn_bwd_dkdv", "attn_bwd_dq"}
