@@ -286,14 +286,32 @@ def llama() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def test_packed_sequences(llama):
-    """Positions restarting at 0 without a mask: documents packed in one row attend within themselves."""
+    """Positions restarting at 0 without a mask: documents packed in one row attend within
+    themselves, through Variant.varlen (each document a sequence), gradients included."""
     eager, patched = llama
     ids = _ids(2, N, seed=6)
     positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6], list(range(N))])
-    with torch.no_grad():
-        want = eager(ids, position_ids=positions, use_cache=False).logits
-        got = patched(ids, position_ids=positions, use_cache=False).logits
-    assert rel_l2(got, want) < LOGITS_TOLERANCE
+    varlen = _layer_variants(patched)[False, "varlen"]
+    calls = []
+    original = varlen.varlen
+    varlen.varlen = lambda *a, **kw: calls.append(a[3].tolist()) or original(*a, **kw)  # type: ignore[method-assign]
+    try:
+        with torch.no_grad():
+            want = eager(ids, position_ids=positions, use_cache=False).logits
+            got = patched(ids, position_ids=positions, use_cache=False).logits
+        assert rel_l2(got, want) < LOGITS_TOLERANCE
+        assert calls and calls[0] == [0, 5, 12, 24]  # three documents: 5, 7 and 12 tokens
+        loss = patched(ids, position_ids=positions, labels=ids, use_cache=False).loss
+        loss.backward()
+        ref = eager(ids, position_ids=positions, labels=ids, use_cache=False).loss
+        ref.backward()
+        for (name, p), (_, r) in zip(patched.named_parameters(), eager.named_parameters(), strict=True):
+            if "self_attn" in name and p.grad is not None:
+                assert rel_l2(p.grad, r.grad) < LOGITS_TOLERANCE, name
+    finally:
+        del varlen.varlen
+        patched.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
 
 
 def test_static_cache_refused(llama):

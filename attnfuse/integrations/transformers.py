@@ -21,9 +21,11 @@ RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
   implementation "attnfuse" registered with transformers' `AttentionInterface` and
   `AttentionMaskInterface`) and becomes a key predicate of the variant; without padding the
   variant is plain causal (or windowed), which the compiler splits into skipped, full and partial
-  blocks; packed sequences get a document mask where transformers' own masks do (positions
+  blocks; packed sequences are found where transformers' own masks find them (positions
   restarting or jumping, no mask and no cache: an all-ones mask is not packing), decided once per
-  forward by the mask interface from transformers' mask function;
+  forward by the mask interface from transformers' mask function, and run through
+  `Variant.varlen` (each document alone; under torch.compile, whose trace cannot read the
+  documents' bounds, as a document mask);
 - with a KV cache (`generate()`), K is rotated (and normalised) once, when written: the cache holds
   rotated keys and a call that extends a cache runs the variant whose q is rotated in the kernel
   at its positions and whose k is taken as is; without a padding mask and for up to 16 new tokens
@@ -90,15 +92,20 @@ ATTN_IMPLEMENTATION = "attnfuse"
 
 
 _MASKS = ("causal", "padded", "packed")
+VARLEN = "varlen"
+"""The mask kind of packed sequences run through `Variant.varlen` (no document mask: each sequence
+alone, RoPE at positions within it)."""
 
 
 # --------------------------------------------------------------------------- the variants
 
 
 def _argument_names(spec: LayerSpec, cached: bool, mask: str) -> list[str]:
-    names = ["q", "k", "v", "q_positions"]
-    if not cached:
-        names.append("k_positions")
+    names = ["q", "k", "v"]
+    if mask != VARLEN:  # packed sequences through Variant.varlen: positions within each
+        names.append("q_positions")
+        if not cached:
+            names.append("k_positions")
     if spec.norm_eps is not None:
         names += ["q_norm_weight"] if cached else ["q_norm_weight", "k_norm_weight"]
     if spec.sinks:
@@ -130,14 +137,15 @@ def _masked(spec: LayerSpec, s: Any, mask: str, a: dict[str, Any]) -> Any:
 def variant(spec: LayerSpec, cached: bool, mask: str) -> af.Variant:
     """The AttnFuse variant of a layer: `cached` False rotates q and k in the kernel (arguments
     q, k, v, q_positions, k_positions, ...), True only q (k comes rotated from the cache); `mask`
-    is "causal" (plain causal or windowed), "padded" (and a bool key mask `key_ok` [B, Nk]) or
-    "packed" (and document ids `doc_ids` [B, Nk]). Built once per arguments."""
+    is "causal" (plain causal or windowed), "padded" (and a bool key mask `key_ok` [B, Nk]),
+    "packed" (and document ids `doc_ids` [B, Nk]) or "varlen" (q, k, v only, for `Variant.varlen`:
+    positions within each packed sequence). Built once per arguments."""
     names = _argument_names(spec, cached, mask)
 
     def attention(*args: Any) -> Any:
         a = dict(zip(names, args, strict=True))
-        q = _rotated(spec, a["q"], a.get("q_norm_weight"), a["q_positions"])
-        k = a["k"] if cached else _rotated(spec, a["k"], a.get("k_norm_weight"), a["k_positions"])
+        q = _rotated(spec, a["q"], a.get("q_norm_weight"), a.get("q_positions"))
+        k = a["k"] if cached else _rotated(spec, a["k"], a.get("k_norm_weight"), a.get("k_positions"))
         s = af.qk(q, k, scale=spec.scale)
         if spec.softcap is not None:
             s = af.softcap(s, spec.softcap)
@@ -281,6 +289,8 @@ def _attend(
         what = "attention_mask" if mask == "padded" else "the packed sequences' document ids"
         raise AttnFuseError(f"{what} cover {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}")
     extras = _extras(module, spec, cached, mask_arg)
+    if mask == "packed" and cache is None and not torch.compiler.is_compiling():
+        return _packed(variants[False, VARLEN], (q, k, v), mask_arg, _extras(module, spec, False, None))
     if cached and mask == "causal" and n <= inference.MAX_DECODE_QUERIES and not _needs_grad(q, k, v, extras):
         # Decoding a few tokens against the cache: the split-KV decode kernels (the cache holds
         # the first Nk positions of every sequence, the new tokens the last n).
@@ -288,6 +298,25 @@ def _attend(
         return variants[cached, mask].decode(q, k, v, seqlens, positions, *extras, check=False)
     head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
     return variants[cached, mask](*head, *extras)
+
+
+def _packed(
+    varlen: af.Variant, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor], doc_ids: Any, extras: list[Any]
+) -> torch.Tensor:
+    """Packed sequences (the rows' documents, `doc_ids` [B, N]) through `Variant.varlen`: every
+    document of every row one sequence, no tile spanning two; [B, Hq, N, Dv]. RoPE rotates at
+    positions within each document, which gives the scores of the model's own positions when
+    they count up by one within a document (RoPE depends on position differences only)."""
+    q, k, v = qkv
+    b, hq, n, _ = q.shape
+    starts = torch.ones((b, n), dtype=torch.bool, device=q.device)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    first = starts.flatten().nonzero().flatten()
+    cu = torch.cat([first, first.new_full((1,), b * n)]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    rows = [t.transpose(1, 2).reshape(b * n, t.shape[1], t.shape[3]) for t in (q, k, v)]
+    out = varlen.varlen(rows[0], rows[1], rows[2], cu, cu, longest, longest, *extras, check=False)
+    return out.view(b, n, hq, -1).transpose(1, 2)
 
 
 def _needs_grad(*tensors: Any) -> bool:
@@ -307,6 +336,7 @@ class PatchedAttention:
         self.spec = spec
         # Built here, not on first call: a call traced by torch.compile finds them ready.
         self.variants = {(c, m): variant(spec, c, m) for c in (False, True) for m in _MASKS}
+        self.variants[False, VARLEN] = variant(spec, False, VARLEN)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return PatchedAttention, (self.module, self.spec)
