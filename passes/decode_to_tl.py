@@ -23,6 +23,8 @@ tile's rows from the group size and Lq (a power of two, at least the tiling's BL
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdsl.dialects.builtin import f32, i32, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
@@ -30,6 +32,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E
 from attnfuse.dialects.tl import dtype_name
+from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.kernel_lowering import LN2, NEG_INF, KernelLowering, ScoreCtx
 from attnfuse.passes.kernel_path import decode_config
 from attnfuse.passes.kv_segments import kv_segments
@@ -42,10 +45,27 @@ SEQLENS = "cache_seqlens"
 PAGE_TABLE = "page_table"
 
 
+@dataclass
+class CacheView:
+    """What a decode program's KV steps read: the cache's tensors (and page table), its batch and
+    KV head, its sequence's length, the Q tile's rows in range and the tiles' channels."""
+
+    k: TensorParam
+    v: TensorParam
+    table: TensorParam | None
+    b_off: SSAValue
+    hk_off: SSAValue
+    nk: SSAValue
+    row_ok: SSAValue
+    offs_d: SSAValue
+    offs_dv: SSAValue
+    dv_ok: SSAValue | None
+
+
 class DecodeLowering(KernelLowering):
     """Builds the decode kernels of one forward function and their launcher."""
 
-    def __init__(self, chains, arg_names: list[str]):  # type: ignore[no-untyped-def]
+    def __init__(self, chains: AttentionChains, arg_names: list[str]):
         super().__init__(chains, arg_names)
         self.config = decode_config(chains.func)
         self.group = self.hq // self.hkv
@@ -162,8 +182,9 @@ class DecodeLowering(KernelLowering):
         for lo, hi, masked in kv_segments(kb, self.kv_bounds, shift, q_hi, nk, self.block_n):
             lo_s, hi_s = kb.maximum(lo, s_lo), kb.minimum(hi, s_hi)
 
-            def step(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue], masked=masked):
-                cache = (k, v, table, b_off, hk_off, nk, row_ok, offs_d, offs_dv, dv_ok)
+            cache = CacheView(k, v, table, b_off, hk_off, nk, row_ok, offs_d, offs_dv, dv_ok)
+
+            def step(ib: KernelBuilder, start_n: SSAValue, c: dict[str, SSAValue], masked=masked, cache=cache):
                 return self.kv_step(ib, p, cache, q_tile, ctx, start_n, c, masked, block_n)
 
             carried = kb.loop(lo_s, hi_s, block_n, carried, step)
@@ -194,7 +215,7 @@ class DecodeLowering(KernelLowering):
         self,
         ib: KernelBuilder,
         p: Params,
-        cache: tuple,
+        cache: CacheView,
         q_tile: SSAValue,
         ctx0: ScoreCtx,
         start_n: SSAValue,
@@ -204,7 +225,8 @@ class DecodeLowering(KernelLowering):
     ) -> dict[str, SSAValue]:
         """One block of the cache: its keys' addresses (through the page table when paged), the
         scores and score ops, the online softmax, P·V."""
-        k, v, table, b_off, hk_off, nk, row_ok, offs_d, offs_dv, dv_ok = cache
+        k, v, table, b_off, hk_off, nk = cache.k, cache.v, cache.table, cache.b_off, cache.hk_off, cache.nk
+        row_ok, offs_d, offs_dv, dv_ok = cache.row_ok, cache.offs_d, cache.offs_dv, cache.dv_ok
         rows_n = ib.arange(block_n, hint="rows_n")
         offs_n = ib.add(start_n, rows_n, hint="offs_n")
         kv_ok = ib.cmp("<", offs_n, nk, hint="kv_ok") if masked else None
