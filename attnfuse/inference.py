@@ -307,7 +307,7 @@ def _prepare_decode(
 
     def kernels(q, k, v, lens, ex, table):  # type: ignore[no-untyped-def]
         if interpret:
-            launch.warn_if_slow(q, k)
+            launch.warn_if_slow(q, k_l)  # the cache's capacity, paged or not
         paged = () if table is None else (table,)
         return run(q, k, v, *tensors_of(ex), lens, *paged, lse=launch.lse_workspace(q))[0]
 
