@@ -11,6 +11,7 @@ them per sequence.
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -58,7 +59,7 @@ def _check_cu_seqlens(q: torch.Tensor, cu_q: object, cu_k: object, max_q: object
     if cast(torch.Tensor, cu_q).numel() != cast(torch.Tensor, cu_k).numel():
         raise AttnFuseError("varlen: cu_seqlens_q and cu_seqlens_k must hold the same number of sequences (S + 1)")
     for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+        if _as_length(m) is None:
             raise AttnFuseError(f"varlen: {name} must be a non-negative int, got {m!r}")
 
 
@@ -98,6 +99,7 @@ def varlen(
     `check` (the default) checks the cu_seqlens against the totals and max lengths (one
     device-to-host copy)."""
     q, k, v = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    max_seqlen_q, max_seqlen_k = cast(int, _as_length(max_seqlen_q)), cast(int, _as_length(max_seqlen_k))
     if check:
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -178,6 +180,18 @@ def _kernel_varlen(
         return backward(*xs, cu_q, cu_k, max_q, max_k, pos_q, pos_k)
 
     return cast(torch.Tensor, _Varlen.apply(forward, grads, wrt, *inputs))
+
+
+def _as_length(m: object) -> int | None:
+    """A max length as a Python int (an int, a numpy integer, a one-element integer tensor), or
+    None when it is none of these or negative."""
+    if isinstance(m, bool) or (isinstance(m, torch.Tensor) and (m.numel() != 1 or m.is_floating_point())):
+        return None
+    try:
+        n = operator.index(m.item() if isinstance(m, torch.Tensor) else m)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return n if n >= 0 else None
 
 
 def _tensor(x: object) -> bool:

@@ -124,6 +124,20 @@ def test_query_lengths_and_short_sequences(lq):
     _case(variants.llama3, (), lens=[0, 1, lq + 9, 3], lq=lq, hq=2, hkv=1)
 
 
+@pytest.mark.parametrize(("d", "dv"), [(16, 16), (48, 40), (80, 96)])
+def test_head_dims(d, dv):
+    """Head dims off the powers of two and Dv != D, GQA 2."""
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(2, 6, 2, d, generator=g).half()
+    k = torch.randn(2, 3, 40, d, generator=g).half()
+    v = torch.randn(2, 3, 40, dv, generator=g).half()
+    lens = [40, 23]
+    with af.backend("interpret"):
+        out = variants.llama3.decode(q, variants.llama3.cache_keys(k, torch.arange(40)), v, torch.tensor(lens).int())
+    assert out.shape == (2, 6, 2, dv)
+    torch.testing.assert_close(out.double(), _expected(variants.llama3, q, k, v, lens, ()), rtol=0, atol=2e-2)
+
+
 def test_no_gqa_and_float32():
     _case(variants.gemma2, (), lens=[50, 33], lq=3, hq=2, hkv=2, dtype=torch.float32)
 

@@ -115,6 +115,19 @@ def test_all_sequences_empty_or_none():
         assert variants.llama3.varlen(q, k, v, one, one, 0, 0).shape == (0, 4, D)
 
 
+@pytest.mark.parametrize(("d", "dv"), [(16, 16), (48, 40), (80, 96)])
+def test_head_dims_and_lengths_given_as_numbers(d, dv):
+    """Head dims off the powers of two, Dv != D, GQA; max lengths as a numpy integer or a tensor."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(d)
+    lq = [7, 30]
+    q, k, v = (torch.randn(37, h, n, generator=g) for h, n in ((6, d), (3, d), (3, dv)))
+    with af.backend("interpret"):
+        out = variants.llama3.varlen(q, k, v, _cu(lq), _cu(lq), np.int64(30), torch.tensor(30))
+    torch.testing.assert_close(out.double(), _expected(variants.llama3, q, k, v, lq, lq, ()), rtol=0, atol=1e-4)
+
+
 def test_sequences_without_keys_give_zeros():
     lq, lk = [4, 6], [0, 6]
     q, k, v = _packed(lq, lk)
