@@ -355,8 +355,8 @@ def _reference_decode(
     page: int,
 ) -> torch.Tensor:
     """Each sequence through the reference executor: the IR without K's chain, on a batch whose
-    entry b holds that sequence's cached keys and values (the other entries' outputs are
-    dropped), extras of the key length cut to it."""
+    entries all hold sequence b's cached keys and values (entry b's output is kept, so batch-indexed
+    extras read row b), extras of the key length cut to it."""
     module = decode_module(trace)
     cut = [
         [(dim, spec) for dim, rel, size, _ in spec.dim_reqs if size == "Nk" and rel == "eq"]
@@ -367,9 +367,9 @@ def _reference_decode(
     batch, hkv = q.shape[0], k_cache.shape[2 if page else 1]
     out = q.new_zeros((batch, q.shape[1], q.shape[2], v_cache.shape[3]))
     for b, n in enumerate(cache_seqlens.tolist()):
-        k_b = k_cache.new_zeros((batch, hkv, n, k_cache.shape[3]))
-        v_b = v_cache.new_zeros((batch, hkv, n, v_cache.shape[3]))
-        k_b[b], v_b[b] = gather_cache(k_cache, b, n, page_table), gather_cache(v_cache, b, n, page_table)
+        # Every batch entry sees sequence b's keys (a broadcast view): entry b's output is kept.
+        k_b = gather_cache(k_cache, b, n, page_table)[None].expand(batch, hkv, n, k_cache.shape[3])
+        v_b = gather_cache(v_cache, b, n, page_table)[None].expand(batch, hkv, n, v_cache.shape[3])
         extras_b = [t.narrow(dims[0][0], 0, n) if dims else t for t, dims in zip(tensors, cut, strict=False)]
         out[b] = run_reference(module, q, k_b, v_b, *extras_b, compute_dtype=dtype)[b].to(q.dtype)
     return out
