@@ -16,6 +16,9 @@ fused kernel::
     print(llama.ir())         # the traced attn IR
     kern = llama.compile(q, k, v)   # kern.source: the Triton source; kern(q, k, v) runs it
 
+The same variant decodes against a KV cache (`llama.cache_keys`, `llama.decode`, contiguous or
+paged) and runs packed sequences of different lengths (`llama.varlen`).
+
 Named variants (Llama 3, Mistral, Gemma 2, Qwen3, BLOOM, gpt-oss, packed documents)
 are in `attnfuse.variants`. The public names load on first use, so that tools which
 only need the dialects (`attnfuse-opt`) do not import torch.
