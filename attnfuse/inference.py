@@ -1,5 +1,5 @@
 """A variant in inference: keys as a KV cache holds them (`cache_keys`) and decoding against the
-cache (`decode`), contiguous or paged. `Variant.cache_keys` and `Variant.decode` call these;
+cache (`decode`), contiguous or paged. `Variant.cache_keys` and `Variant.decode` are these;
 inside code torch.compile traces, a decode call is one `attnfuse::decode` custom-op node
 (`compiled_decode`), so `fullgraph=True` traces it without a graph break.
 
@@ -234,7 +234,10 @@ def decode(
 
     A signature seen before (backend, device, dtype, query and KV heads, head dims, page size,
     capacity, the extras' dtypes, shapes and devices) skips tracing and kernel lookup: its run is
-    kept on the variant."""
+    kept on the variant. Under torch.compile the call is one `attnfuse::decode` node, without the
+    value checks (`compiled_decode`)."""
+    if torch.compiler.is_compiling():
+        return compiled_decode(variant, q, k_cache, v_cache, cache_seqlens, extras, page_table)
     page, capacity = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table)
     if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(cache_seqlens, capacity, page_table, page, k_cache.shape[0])

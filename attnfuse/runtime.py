@@ -52,7 +52,8 @@ from typing import Any, cast
 
 import torch
 
-from attnfuse import autograd, cache, dsl, inference, launch, validation, varlen
+from attnfuse import autograd, cache, dsl, inference, launch, validation
+from attnfuse import varlen as varlen_calls
 from attnfuse.cache import KERNELS, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
 from attnfuse.launch import (
@@ -486,54 +487,11 @@ class Variant:
 
     # ---- public API
 
-    def cache_keys(self, k: torch.Tensor, positions: torch.Tensor, *extras: object) -> torch.Tensor:
-        """Keys as a KV cache holds them for `decode`: k [B, Hkv, N, D] with the variant's K
-        transforms (RoPE at `positions`, [N] or [B, N]; QK-norm) applied, in k's dtype. `extras`
-        are the variant's extra arguments (see `attnfuse.inference`)."""
-        return inference.cache_keys(self, k, positions, *extras)
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        cache_seqlens: torch.Tensor,
-        *extras: object,
-        page_table: torch.Tensor | None = None,
-        check: bool = True,
-    ) -> torch.Tensor:
-        """Decode against a KV cache: q [B, Hq, Lq, D] (Lq 1-16, un-transformed) are the last Lq
-        positions of sequences whose first `cache_seqlens[b]` positions the cache holds (keys
-        from `cache_keys`); returns the last Lq rows of the variant's ordinary call on each
-        whole sequence, [B, Hq, Lq, Dv]. The cache is [B, Hkv, S, D], or with `page_table`
-        (int32 [B, max_pages]) a paged pool [pages, page_size, Hkv, D]. `check=False` skips the
-        checks of lengths and page entries against the cache (one device-to-host copy). Under
-        torch.compile the call is one `attnfuse::decode` node and the value checks are skipped.
-        See `attnfuse.inference`."""
-        if _is_compiling():
-            return inference.compiled_decode(self, q, k_cache, v_cache, cache_seqlens, extras, page_table)
-        return inference.decode(self, q, k_cache, v_cache, cache_seqlens, *extras, page_table=page_table, check=check)
-
-    def varlen(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        *extras: object,
-        check: bool = True,
-    ) -> torch.Tensor:
-        """The variant on packed sequences of different lengths: q [total_q, Hq, D], k and v
-        [total_k, Hkv, D]; sequence s is tokens cu_seqlens[s] .. cu_seqlens[s + 1] - 1 (int32
-        [S + 1]). Returns [total_q, Hq, Dv], each sequence computed as the ordinary call on it
-        alone; differentiable. `check=False` skips checking the cu_seqlens' values (one
-        device-to-host copy). See `attnfuse.varlen`."""
-        return varlen.varlen(
-            self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *extras, check=check
-        )
+    # Inference forms of the variant (`attnfuse.inference`, `attnfuse.varlen`): the functions
+    # themselves, taking the variant first.
+    cache_keys = inference.cache_keys
+    decode = inference.decode
+    varlen = varlen_calls.varlen
 
     def compile(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *extras: object) -> Kernel:
         """The generated kernel for this signature: Triton on CUDA tensors, the
