@@ -45,6 +45,17 @@ def per_token_extras(chains: AttentionChains) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def sequence_bounds(
+    kb: KernelBuilder, cu_q: SSAValue, cu_k: SSAValue, seq: SSAValue, nq_hint: str, nk_hint: str
+) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
+    """(first query, queries, first key, keys) of packed sequence `seq`, from the cu_seqlens."""
+    q_start = kb.load(kb.add(cu_q, seq), hint="q_start")
+    nxt = kb.add(seq, 1, hint="next_seq")
+    nq = kb.sub(kb.load(kb.add(cu_q, nxt)), q_start, hint=nq_hint)
+    k_start = kb.load(kb.add(cu_k, seq), hint="k_start")
+    return q_start, nq, k_start, kb.sub(kb.load(kb.add(cu_k, nxt)), k_start, hint=nk_hint)
+
+
 def varlen_q_program(
     lw: KernelLowering, kb: KernelBuilder, lengths: tuple[SSAValue, ...], block_m: SSAValue
 ) -> tuple[SSAValue, SSAValue, QProgram]:
@@ -58,11 +69,7 @@ def varlen_q_program(
     seq = kb.floordiv(pid, lw.hq, hint="seq")
     h = kb.rem(pid, lw.hq, hint="h")
     hk = kb.floordiv(h, lw.hq // lw.hkv, hint="h_kv") if lw.hq != lw.hkv else h
-    q_start = kb.load(kb.add(cu_q, seq), hint="q_start")
-    nxt = kb.add(seq, 1, hint="next_seq")
-    nq = kb.sub(kb.load(kb.add(cu_q, nxt)), q_start, hint="nq")
-    k_start = kb.load(kb.add(cu_k, seq), hint="k_start")
-    nk_seq = kb.sub(kb.load(kb.add(cu_k, nxt)), k_start, hint="nk_seq")
+    q_start, nq, k_start, nk_seq = sequence_bounds(kb, cu_q, cu_k, seq, "nq", "nk_seq")
     m_start = kb.mul(pid_m, block_m, hint="m_start")
     nk = kb.where(kb.cmp("<", m_start, nq), nk_seq, 0, hint="nk")
     b = kb.value(0)
@@ -155,11 +162,7 @@ class VarlenBackwardLowering(BackwardLowering):
         pid = kb.emit(tl.ProgramIdOp(1), "pid_bh")
         seq = kb.floordiv(pid, self.hkv, hint="seq")
         hk = kb.rem(pid, self.hkv, hint="h_kv")
-        nxt = kb.add(seq, 1, hint="next_seq")
-        q_start = kb.load(kb.add(cu_q, seq), hint="q_start")
-        nq_seq = kb.sub(kb.load(kb.add(cu_q, nxt)), q_start, hint="nq_seq")
-        k_start = kb.load(kb.add(cu_k, seq), hint="k_start")
-        nk = kb.sub(kb.load(kb.add(cu_k, nxt)), k_start, hint="nk")
+        q_start, nq_seq, k_start, nk = sequence_bounds(kb, cu_q, cu_k, seq, "nq_seq", "nk")
         n_start = kb.mul(pid_n, block_m, hint="n_start")
         nq = kb.where(kb.cmp("<", n_start, nk), nq_seq, 0, hint="nq")
         b = kb.value(0)
