@@ -50,6 +50,13 @@ def timed(module: Any, q, k, v, lens, lse, smoke: bool) -> float:
     return float(triton.testing.do_bench_cudagraph(run, rep=50, return_mode="median"))
 
 
+def record(b: int, n: int, tile: tuple[int, int, int], splits: int, ms: float, nbytes: int) -> dict[str, Any]:
+    """One measurement's row (splits 0: the cost model's)."""
+    bn, warps, stages = tile
+    return {"batch": b, "context": n, "block_n": bn, "warps": warps, "stages": stages, "splits": splits, "ms": ms,
+            "tbs": nbytes / ms / 1e9}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -93,18 +100,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 (out of resources...)
                 C.log(f"{b}x{n} BN{bn} w{warps} s{stages}: {type(e).__name__}: {str(e)[:120]}")
                 continue
-            rows.append(
-                {
-                    "batch": b,
-                    "context": n,
-                    "block_n": bn,
-                    "warps": warps,
-                    "stages": stages,
-                    "splits": 0,
-                    "ms": ms,
-                    "tbs": nbytes / ms / 1e9,
-                }
-            )
+            rows.append(record(b, n, (bn, warps, stages), 0, ms, nbytes))
             if best is None or ms < best[0]:
                 best = (ms, (bn, warps, stages))
         if best is None:
@@ -112,18 +108,7 @@ def main() -> None:
         bn, warps, stages = best[1]
         for n_splits in splits[1:]:
             ms = timed(module(bn, warps, stages, n_splits), q, k, v, lens, lse, smoke)
-            rows.append(
-                {
-                    "batch": b,
-                    "context": n,
-                    "block_n": bn,
-                    "warps": warps,
-                    "stages": stages,
-                    "splits": n_splits,
-                    "ms": ms,
-                    "tbs": nbytes / ms / 1e9,
-                }
-            )
+            rows.append(record(b, n, (bn, warps, stages), n_splits, ms, nbytes))
         C.log(f"{b}x{n}: best tile BN{bn} w{warps} s{stages} {nbytes / best[0] / 1e9:.2f} TB/s")
         C.write_json(args.out / "sweep_decode.json", {"env": env, "rows": rows})
     (args.out / "sweep_decode.md").write_text(markdown(rows, env))
