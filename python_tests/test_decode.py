@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from variant_families import families
 
 import attnfuse as af
 from attnfuse import variants
@@ -19,35 +20,8 @@ from attnfuse.compiler import compile_module
 D = 32
 
 
-@af.variant
-def rope_headmod(q, k, v):
-    """RoPE with a score_mod reading the head index (h is a per-row value in the packed tile)."""
-    q, k = af.rope(q), af.rope(k)
-    s = af.score_mod(af.qk(q, k), lambda x, b, h, qi, ki: x + 0.25 * h - 0.01 * (qi - ki))
-    return af.pv(af.softmax(af.mask(s, af.causal)), v)
-
-
-@af.variant
-def scaled_norm_custom_mask(q, k, v, w):
-    """QK-norm with a weight on K, a pre-matmul scale, a custom mask reading an extra per key."""
-    q = af.scale(af.qk_norm(q), 2.0)
-    k = af.qk_norm(k, weight=w)
-    s = af.mask(af.qk(q, k), lambda b, h, qi, ki: (ki % 3 != 1) & (ki <= qi))
-    return af.pv(af.softmax(s), v)
-
-
 def _families(hq: int) -> list[tuple[af.Variant, tuple]]:
-    g = torch.Generator().manual_seed(7)
-    return [
-        (variants.llama3, ()),
-        (variants.mistral, ()),
-        (variants.gemma2, ()),
-        (variants.qwen3, (torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5)),
-        (variants.bloom, (af.alibi_slopes(hq),)),
-        (variants.gpt_oss, (torch.randn(hq, generator=g),)),
-        (rope_headmod, ()),
-        (scaled_norm_custom_mask, (torch.rand(D, generator=g) + 0.5,)),
-    ]
+    return families(hq, D, seed=7)
 
 
 def _page_table(b: int, s: int, page: int, g: torch.Generator) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from variant_families import families
 
 import attnfuse as af
 from attnfuse import variants
@@ -20,15 +21,8 @@ def _cu(lengths: list[int]) -> torch.Tensor:
 
 
 def _families(hq: int) -> list[tuple[af.Variant, tuple]]:
-    g = torch.Generator().manual_seed(11)
-    return [
-        (variants.llama3, ()),
-        (variants.mistral, ()),
-        (variants.gemma2, ()),
-        (variants.qwen3, (torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5)),
-        (variants.bloom, (af.alibi_slopes(hq),)),
-        (variants.gpt_oss, (torch.randn(hq, generator=g),)),
-    ]
+    """The named variants of `variant_families` (whose extras are not per token)."""
+    return families(hq, D, seed=11)[:6]
 
 
 def _packed(lq, lk, hq=4, hkv=2, dtype=torch.float32, seed=0, grad=False):
