@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from variant_families import families
+from variant_families import families, small_window
 
 import attnfuse as af
 from attnfuse import variants
@@ -348,3 +348,13 @@ def test_signature_includes_the_kv_heads():
             with af.backend("reference"):
                 want = variants.mistral(q.double(), k[:, :, :20].double(), k[:, :, :20].double())
             torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("lq", [1, 3])
+@pytest.mark.parametrize("page", [None, 16])
+def test_lengths_around_the_tiles(lq, page):
+    """Cached lengths around the interpreter's 32-key blocks and a page's 16 keys (15-17, 31-33,
+    63-65), with a 20-key window crossing block edges (kv_segments' full and partial blocks),
+    every length in one batch."""
+    lens = [15, 16, 17, 31, 32, 33, 63, 64, 65]
+    _case(small_window, (), lens=lens, lq=lq, hq=2, hkv=1, page=page)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from variant_families import families
+from variant_families import families, small_window
 
 import attnfuse as af
 from attnfuse import variants
@@ -197,3 +197,23 @@ def test_varlen_kernels_compile_for_sm90(tmp_path):
         assert binary.metadata.shared <= 232448, (kernel.__name__, binary.metadata.shared)
         names.add(kernel.__name__)
     assert names == {"attn_fwd", "attn_bwd_pre", "rotate_q", "rotate_k", "attn_bwd_dkdv", "attn_bwd_dq"}
+
+
+def test_boundaries_in_one_batch():
+    """One packed batch holding the boundary cases, forward and backward: lengths around the
+    interpreter's tiles (31-33, 63-65) and Nk - Nq at every offset across a 32-key tile (0-32,
+    queries 3), with a 20-key window (and softcap) crossing block edges."""
+    var, extras = small_window, ()
+    lq = [31, 32, 33, 63, 64, 65, *([3] * 33)]
+    lk = [31, 32, 33, 63, 64, 65, *(3 + off for off in range(33))]
+    q, k, v = _packed(lq, lk, grad=True)
+    with af.backend("interpret"):
+        out = var.varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), *extras)
+    rq, rk, rv = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = _expected(var, rq, rk, rv, lq, lk, extras)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(want, (rq, rk, rv), g.double())
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)

@@ -27,6 +27,14 @@ def scaled_norm_custom_mask(q, k, v, w):
     return af.pv(af.softmax(s), v)
 
 
+@af.variant
+def small_window(q, k, v):
+    """RoPE, a softcap and a 20-key sliding window: a window that crosses the interpreter's 32-key
+    blocks and a 16-key page."""
+    s = af.softcap(af.qk(af.rope(q), af.rope(k)), 20.0)
+    return af.pv(af.softmax(af.mask(s, af.sliding_window(20))), v)
+
+
 def families(hq: int, d: int, seed: int) -> list[tuple[af.Variant, tuple]]:
     """(variant, extras) for `hq` query heads at head dim `d`: Llama 3, Mistral, Gemma 2, Qwen3,
     BLOOM, gpt-oss, then the two above."""
