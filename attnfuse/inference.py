@@ -241,8 +241,9 @@ def decode(
     page, capacity = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table)
     if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         _check_decode_values(cache_seqlens, capacity, page_table, page, k_cache.shape[0])
-    if cache_seqlens.dtype != torch.int32:
-        cache_seqlens = cache_seqlens.to(torch.int32)
+    # The kernels index the lengths from their first element: another dtype or a strided view (an
+    # expanded scalar length, say) is copied.
+    cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
     inputs = (q, k_cache, v_cache, *extras)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
         raise AttnFuseError(

@@ -100,6 +100,8 @@ def varlen(
     device-to-host copy)."""
     q, k, v = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     max_seqlen_q, max_seqlen_k = cast(int, _as_length(max_seqlen_q)), cast(int, _as_length(max_seqlen_k))
+    # The kernels index the offsets from their first element: a strided view is copied.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if check:
         _check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))

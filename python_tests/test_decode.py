@@ -52,7 +52,9 @@ def _expected(var: af.Variant, q, k_raw, v, lens, extras) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def _case(var, extras, *, lens, lq, hq=4, hkv=2, page=None, dtype=torch.float16, seed=0, backend="interpret"):
+def _case(
+    var, extras, *, lens, lq, hq=4, hkv=2, page=None, dtype=torch.float16, seed=0, backend="interpret", strided=False
+):
     g = torch.Generator().manual_seed(seed)
     b, s = len(lens), max(max(lens), 1) + 5
     if page is not None:
@@ -70,6 +72,9 @@ def _case(var, extras, *, lens, lq, hq=4, hkv=2, page=None, dtype=torch.float16,
         table = _page_table(b, s, page, g)
         k_cache, v_cache = _paged(k_cache, table, page), _paged(v_cache, table, page)
     seqlens = torch.tensor(lens, dtype=torch.int32)
+    if strided:  # views with other strides: the lengths every other element, the table column-major
+        seqlens = torch.stack([seqlens, torch.full_like(seqlens, -1)], 1)[:, 0]
+        table = None if table is None else table.t().contiguous().t()
     with af.backend(backend):
         out = var.decode(q, k_cache, v_cache, seqlens, *extras, page_table=table)
     want = _expected(var, q, k_raw, v, lens, extras)
@@ -96,6 +101,14 @@ def test_every_family_paged(family, page):
 def test_query_lengths_and_short_sequences(lq):
     """Lq up to 16, sequences shorter than Lq (queries at negative positions) and empty ones."""
     _case(variants.llama3, (), lens=[0, 1, lq + 9, 3], lq=lq, hq=2, hkv=1)
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_strided_lengths_and_page_table(page):
+    """Lengths and a page table given as strided views (an expanded scalar length is one, as a
+    static cache's is): the same output as contiguous ones."""
+    var, extras = _families(4)[0]
+    _case(var, extras, lens=[9, 3, 20], lq=2, page=page, strided=True)
 
 
 @pytest.mark.parametrize(("d", "dv"), [(16, 16), (48, 40), (80, 96)])

@@ -66,6 +66,18 @@ def test_forward_every_family(family, lengths):
     torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-2)
 
 
+def test_strided_cu_seqlens():
+    """cu_seqlens given as strided views: the same output as contiguous ones."""
+    var, extras = _families(4)[0]
+    lq, lk = LENGTHS[1]
+    q, k, v = _packed(lq, lk, dtype=torch.float16)
+    cu_q, cu_k = (torch.stack([_cu(x), _cu(x)], 1)[:, 1] for x in (lq, lk))
+    assert cu_q.stride() == (2,)
+    with af.backend("interpret"):
+        out = var.varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), *extras)
+    torch.testing.assert_close(out.double(), _expected(var, q, k, v, lq, lk, extras), rtol=0, atol=2e-2)
+
+
 @pytest.mark.parametrize(("family", "lengths"), [(0, 0), (3, 0), (5, 0), (2, 1), (4, 1)])
 def test_backward(family, lengths):
     """Gradients of q, k, v and of shared extras (QK-norm weights, sinks) through the varlen
