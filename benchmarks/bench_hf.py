@@ -16,10 +16,14 @@ against the same model on PyTorch's attention backends, in one process.
   package is missing (liger-kernel) is a row with its error.
 - `qwen`: the same step for Qwen3-8B (QK-norm fused too) at the first N, against SDPA cuDNN and
   its RoPE peers.
-- `infer`: `generate()` of Llama-3-8B bf16, greedy, prompt lengths 1024 and 8192: prefill (time
-  to the first new token) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
-  default backend choice), and how many new tokens agree before the first that differs (random
-  weights give near-ties, so bf16 rounding may flip a greedy choice).
+- `infer`: `generate()` of Llama-3-8B bf16, greedy, prompt lengths 1024 and 8192 (`--prompts`),
+  with the dynamic cache, the static cache uncompiled (`disable_compile`) and the static cache
+  as generate() compiles it (`static+compile`: torch.compile with transformers' default
+  CompileConfig, CUDA graphs, for the decoding steps; `--caches`): prefill (time to the first new
+  token, the better of 2 runs) and decode tokens/s over 64 new tokens, AttnFuse against SDPA (the
+  default backend choice) in the same configuration, and how many new tokens agree before the
+  first that differs (random weights give near-ties, so bf16 rounding may flip a greedy choice).
+  Each configuration runs once untimed first (compilation, CUDA-graph capture).
 - `fidelity`: teacher forcing at prompt lengths 1024 and 8192: SDPA's greedy continuation (32
   tokens) fed one token at a time through each implementation with its own KV cache; per step,
   the relative L2 difference of the next-token logits against SDPA's default backend, whether the
@@ -277,41 +281,75 @@ def part_qwen(args: argparse.Namespace, rows: list[dict]) -> None:
     torch.cuda.empty_cache()
 
 
+INFER_CACHES: dict[str, dict[str, Any]] = {
+    "dynamic": {},
+    "static": {"cache_implementation": "static", "disable_compile": True},
+    # transformers compiles the decoding steps against a static cache by itself (its default
+    # CompileConfig: mode "reduce-overhead", CUDA graphs); the prefill stays uncompiled.
+    "static+compile": {"cache_implementation": "static"},
+}
+
+
+class FirstToken:
+    """A generate() streamer that records when the first new token is out (the first `put` is
+    the prompt, the second the first new token): the time to first token."""
+
+    def __init__(self, device: str):
+        self.device, self.puts, self.at = device, 0, 0.0
+
+    def put(self, value: Any) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 def part_infer(args: argparse.Namespace, rows: list[dict]) -> None:
     dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
     cfg = TINY if args.cpu_smoke else LLAMA3_8B
-    prompts = [16] if args.cpu_smoke else [1024, 8192]
     new = 4 if args.cpu_smoke else 64
     model = make_model("llama", cfg, "sdpa", dtype, device).eval()
-    outputs: dict[tuple[str, int], torch.Tensor] = {}
+    outputs: dict[tuple[str, str, int], torch.Tensor] = {}
     for name in ["sdpa", "attnfuse"]:
         model = use(model, name)
-        for p in prompts:
-            ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
+        for cache in args.caches:
+            for p in args.prompts:
+                ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
 
-            def gen(k: int, ids: torch.Tensor = ids, model: Any = model) -> tuple[float, torch.Tensor]:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    out = model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                return (time.perf_counter() - t0) * 1e3, out
+                def gen(streamer: Any = None, ids: torch.Tensor = ids, cache: str = cache, model: Any = model) -> Any:
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                             streamer=streamer, **INFER_CACHES[cache])  # fmt: skip
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    return t0, out
 
-            gen(2)  # warm-up: compiles
-            prefill = statistics.median(gen(1)[0] for _ in range(3))
-            total, out = gen(new)
-            outputs[(name, p)] = out
-            decode_tps = (new - 1) / ((total - prefill) / 1e3)
-            same = None
-            if name == "attnfuse":  # greedy tokens identical to SDPA's, counted up to the first that differs
-                differ = (out[0, p:] != outputs[("sdpa", p)][0, p:]).nonzero()
-                same = int(differ[0, 0]) if len(differ) else new
-            rows.append({"part": "infer", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "prompt": p,
-                         "impl": name, "prefill_ms": prefill, "decode_tok_s": decode_tps,
-                         "same_tokens_as_sdpa": same})  # fmt: skip
-            C.log(str(rows[-1]))
+                gen()  # warm-up: compiles, for the same shapes as the timed runs
+                firsts = []
+                for _ in range(2):
+                    streamer = FirstToken(device)
+                    t0, _ = gen(streamer)
+                    firsts.append((streamer.at - t0) * 1e3)
+                prefill = min(firsts)
+                t0, out = gen()
+                total = (time.perf_counter() - t0) * 1e3
+                outputs[(name, cache, p)] = out
+                same = None
+                if name == "attnfuse":  # greedy tokens identical to SDPA's, counted up to the first that differs
+                    differ = (out[0, p:] != outputs[("sdpa", cache, p)][0, p:]).nonzero()
+                    same = int(differ[0, 0]) if len(differ) else new
+                tok_s = (new - 1) / ((total - prefill) / 1e3)
+                rows.append({"part": "infer", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "prompt": p,
+                             "cache": cache, "impl": name, "prefill_ms": prefill, "decode_tok_s": tok_s,
+                             "same_tokens_as_sdpa": same})  # fmt: skip
+                C.log(str(rows[-1]))
     del model
     gc.collect()
 
@@ -454,12 +492,15 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     infer = [r for r in rows if r["part"] == "infer"]
     if infer:
         lines += ["## Inference (generate, greedy)", "",
-                  "| prompt | impl | prefill ms | decode tok/s | leading new tokens equal to sdpa's |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+                  "| prompt | cache | impl | prefill ms | decode tok/s | decode vs sdpa | new tokens equal to sdpa's |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        sdpa = {(r["prompt"], r["cache"]): r for r in infer if r["impl"] == "sdpa"}
         for r in infer:
+            peer = sdpa.get((r["prompt"], r["cache"]))
+            vs = f"{r['decode_tok_s'] / peer['decode_tok_s']:.2f}x" if peer and r["impl"] != "sdpa" else ""
             lines.append(
-                f"| {r['prompt']} | {r['impl']} | {r['prefill_ms']:.1f} | {r['decode_tok_s']:.1f} | "
-                f"{'' if r['same_tokens_as_sdpa'] is None else r['same_tokens_as_sdpa']} |"
+                f"| {r['prompt']} | {r['cache']} | {r['impl']} | {r['prefill_ms']:.1f} | {r['decode_tok_s']:.1f} | "
+                f"{vs} | {'' if r['same_tokens_as_sdpa'] is None else r['same_tokens_as_sdpa']} |"
             )
         lines.append("")
     lines += fidelity_md([r for r in rows if r["part"] == "fidelity"])
@@ -476,12 +517,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="train,loss,infer,fidelity,qwen")
     ap.add_argument("--ns", default="4096,8192")
+    ap.add_argument("--prompts", default="1024,8192", help="infer: prompt lengths")
+    ap.add_argument("--caches", default=",".join(INFER_CACHES), help=f"infer: caches, of {list(INFER_CACHES)}")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--loss-steps", type=int, default=200)
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.ns = [16] if args.cpu_smoke else [int(x) for x in args.ns.split(",")]
+    args.prompts = [16] if args.cpu_smoke else [int(x) for x in args.prompts.split(",")]
+    args.caches = args.caches.split(",")
+    if unknown := set(args.caches) - set(INFER_CACHES):
+        ap.error(f"--caches: unknown {sorted(unknown)}; choose from {list(INFER_CACHES)}")
     if args.cpu_smoke:
         args.steps, args.warmup = 1, 0
     args.out.mkdir(parents=True, exist_ok=True)

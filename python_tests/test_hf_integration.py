@@ -8,14 +8,15 @@ backend), each against the same model with transformers' eager attention (the we
 - the gradient of every parameter (of the causal-LM loss of random labels) within 1e-3, Qwen3's
   q_norm/k_norm weights and gpt-oss's sinks included;
 - a left-padded batch (with the position_ids `generate()` would make) on its real tokens;
-- greedy `generate()` with the KV cache: the same tokens;
+- greedy `generate()` with the KV cache, dynamic and static: the same tokens; decoding steps
+  against a static cache under torch.compile(fullgraph=True);
 - packed sequences (positions restarting, no mask) for Llama, and positions that restart or jump
   under an all-ones mask or with a cache, which transformers does not pack;
 - one position_ids tensor refilled in place between calls;
 - torch.compile(fullgraph=True) of a one-layer patched Llama, forward and backward;
 - a shared config left alone by `apply`, output_attentions refused, a pickled patched model;
-- unsupported models, configs and caches raise `AttnFuseError`, and a failed `apply` leaves the model
-  as it was.
+- unsupported models, configs and caches (a static cache's sliding-window layers) raise
+  `AttnFuseError`, and a failed `apply` leaves the model as it was.
 
 The configs set windows (5) shorter than the sequences, Gemma 2's softcap and query_pre_attn_scalar
 to values that matter, llama3 and YaRN rope scaling to contexts where they change frequencies, and
@@ -25,6 +26,7 @@ random norm weights and sinks.
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 import subprocess
 import sys
@@ -268,6 +270,39 @@ def test_generate_unpadded(models):
     assert cached and all(v._decode_hot for v in cached)
 
 
+def _has_sliding_layers(model: torch.nn.Module) -> bool:
+    cache = transformers.StaticCache(config=model.config, max_cache_len=8)
+    return any(layer.is_sliding for layer in cache.layers)
+
+
+def test_generate_static_cache(models):
+    """cache_implementation="static": greedy decoding, unpadded and left-padded, gives the eager
+    model's tokens and scores, the cached steps through the decode kernels (the cache's length
+    read on the device). A model with sliding-window layers, whose static layers are rolling
+    buffers, is refused before any layer writes its cache."""
+    family, eager, patched = models
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, cache_implementation="static")
+    kwargs |= dict(output_scores=True, return_dict_in_generate=True)
+    if _has_sliding_layers(eager):
+        with pytest.raises(af.AttnFuseError, match="sliding-window layers.*StaticSlidingWindowLayer"):
+            patched.generate(_ids(1, 7, seed=5), **kwargs)
+        return
+    cached = [v for (is_cached, _), v in _layer_variants(patched).items() if is_cached]
+    for v in cached:
+        v._decode_hot.clear()
+    ids, mask, _ = _left_padded()
+    for call in (dict(inputs=_ids(1, 7, seed=5)), dict(inputs=ids, attention_mask=mask)):
+        want = eager.generate(**call, **kwargs)
+        got = patched.generate(**call, **kwargs)
+        assert torch.equal(got.sequences, want.sequences)
+        for step, (a, b) in enumerate(zip(got.scores, want.scores, strict=True)):
+            assert rel_l2(a, b) < LOGITS_TOLERANCE, step
+    assert {mask for (is_cached, mask), v in _layer_variants(patched).items() if is_cached and v._decode_hot} == {
+        "causal",
+        "padded",
+    }
+
+
 def _layer_variants(model: torch.nn.Module) -> dict:
     """The AttnFuse variants of the patched model's first attention layer, by (cached, mask kind)."""
     patched = next(m.forward for m in model.modules() if isinstance(getattr(m, "forward", None), PatchedAttention))
@@ -312,12 +347,6 @@ def test_packed_sequences(llama):
         del varlen.varlen
         patched.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
-
-
-def test_static_cache_refused(llama):
-    _, patched = llama
-    with pytest.raises(af.AttnFuseError, match="dynamic caches"):
-        patched.generate(_ids(1, 4), max_new_tokens=2, do_sample=False, cache_implementation="static")
 
 
 def test_dropout_in_training_refused(llama):
@@ -412,6 +441,36 @@ def test_torch_compile_fullgraph():
     grad = model.model.layers[0].self_attn.q_proj.weight.grad
     assert grad is not None
     assert rel_l2(grad, eager.model.layers[0].self_attn.q_proj.weight.grad) < GRAD_TOLERANCE
+
+
+def test_static_cache_compiled_decode_steps(llama):
+    """Decoding steps against a static cache under torch.compile(fullgraph=True), as generate()
+    compiles them: no graph break (the decode kernels one attnfuse::decode node, the cache's length
+    a device tensor), the eager model's logits at every step; a longer call under compile is
+    refused with the reason."""
+    eager, patched = llama
+    ids = _ids(2, 9, seed=8)
+
+    cache_arg = "cache" if "cache" in inspect.signature(eager.forward).parameters else "past_key_values"
+
+    def step(model, tokens, cache, positions):
+        return model(tokens, **{cache_arg: cache}, position_ids=positions, use_cache=True).logits[:, -1]
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    runs = []
+    for model, call in ((eager, step), (patched, compiled)):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        with torch.no_grad():
+            logits = [model(ids, **{cache_arg: cache}, use_cache=True).logits[:, -1]]  # prefill, uncompiled
+            for i in range(3):
+                tokens = logits[-1].argmax(-1, keepdim=True)
+                logits.append(call(model, tokens, cache, torch.full((2, 1), 9 + i)))
+        runs.append(logits)
+    for i, (got, want) in enumerate(zip(runs[1], runs[0], strict=True)):
+        assert rel_l2(got, want) < LOGITS_TOLERANCE, i
+    cache = transformers.StaticCache(config=patched.config, max_cache_len=40)
+    with torch.no_grad(), pytest.raises(Exception, match="at most 16 tokens"):
+        compiled(patched, _ids(2, 20, seed=9), cache, torch.arange(20).expand(2, 20))
 
 
 # --------------------------------------------------------------------------- model state and call arguments

@@ -28,10 +28,13 @@ RoPE, and Qwen3's QK-norm, inside the kernel, on the un-rotated q and k:
   documents' bounds, as a document mask);
 - with a KV cache (`generate()`), K is rotated (and normalised) once, when written: the cache holds
   rotated keys and a call that extends a cache runs the variant whose q is rotated in the kernel
-  at its positions and whose k is taken as is; without a padding mask and for up to 16 new tokens
-  needing no gradient, through that variant's decode kernels (`Variant.decode`: split-KV, GQA
-  packed). A first call on an empty cache runs the fully fused variant and also writes its rotated
-  keys. Only dynamic caches (the default) are supported.
+  at its positions and whose k is taken as is; for up to 16 new tokens needing no gradient, through
+  that variant's decode kernels (`Variant.decode`: split-KV, GQA packed). A first call on an empty
+  cache runs the fully fused variant and also writes its rotated keys. The dynamic cache (the
+  default) and the static one (`cache_implementation="static"`, which generate() compiles and
+  captures in CUDA graphs) work: with a static cache a decoding step reads the cache's length on
+  the device, so it compiles (`fullgraph=True`) to one `attnfuse::decode` node per layer; a static
+  cache's sliding-window layers (rolling buffers) are refused.
 
 Variants are built once per layer configuration (theta, scaling, norm, softcap, window, sinks,
 cached or not, mask kind) and shared by the layers that have it. Training works on every backend:
@@ -39,9 +42,9 @@ the variants are differentiable. `apply` gives the model its own copy of its con
 shares one between the models built from it), and a patched model pickles (`PatchedAttention`).
 An architecture or option it does not handle (another model type, an unknown rope type or one
 lacking a parameter, a partial rotary factor, cross-attention, bidirectional attention, attention
-dropout while training, a static cache, a 4-D attention mask, `output_attentions`: AttnFuse never
-materialises the attention weights) raises `AttnFuseError` naming it; `apply` never returns a model
-it left unpatched.
+dropout while training, a static cache with sliding-window layers, a 4-D attention mask,
+`output_attentions`: AttnFuse never materialises the attention weights) raises `AttnFuseError`
+naming it; `apply` never returns a model it left unpatched.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from attnfuse.rope_freqs import inv_freq as _rope_inv_freq
 
 try:
     import transformers
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, StaticLayer
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 except ImportError as e:  # pragma: no cover - the optional extra is missing
@@ -160,19 +163,25 @@ def variant(spec: LayerSpec, cached: bool, mask: str) -> af.Variant:
 # --------------------------------------------------------------------------- keys written to the cache
 
 
-@functools.cache
-def _frequencies(spec: LayerSpec) -> tuple[torch.Tensor, float]:
-    """RoPE's inverse frequencies (float32 [head_dim / 2], on the CPU) and cos/sin magnitude,
-    exactly those the kernels use (`attnfuse.rope_freqs`)."""
-    freqs, magnitude = _rope_inv_freq(spec.theta, spec.head_dim, spec.scaling_kind, **dict(spec.scaling))
-    return torch.tensor(freqs, dtype=torch.float32), magnitude
+_FREQUENCIES: dict[tuple[LayerSpec, torch.device], tuple[torch.Tensor, float]] = {}
+
+
+def _frequencies(spec: LayerSpec, device: torch.device) -> tuple[torch.Tensor, float]:
+    """RoPE's inverse frequencies (float32 [head_dim / 2], on `device`) and cos/sin magnitude,
+    exactly those the kernels use (`attnfuse.rope_freqs`). Kept per device, so a decoding step
+    copies nothing from the host (a plain dict, which torch.compile traces)."""
+    found = _FREQUENCIES.get((spec, device))
+    if found is None:
+        freqs, magnitude = _rope_inv_freq(spec.theta, spec.head_dim, spec.scaling_kind, **dict(spec.scaling))
+        found = _FREQUENCIES[spec, device] = (torch.tensor(freqs, dtype=torch.float32, device=device), magnitude)
+    return found
 
 
 def rotate(spec: LayerSpec, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """x [B, H, N, D] rotated ("half" style) at `positions` ([B, N] or [N]) with the layer's
     frequencies, computed in float32 and returned in x's dtype: the keys a cache holds."""
-    freqs, magnitude = _frequencies(spec)
-    angle = positions.to(torch.float32)[..., None] * freqs.to(x.device)
+    freqs, magnitude = _frequencies(spec, x.device)
+    angle = positions.to(torch.float32)[..., None] * freqs
     if angle.dim() == 3:
         angle = angle[:, None]
     cos, sin = torch.cos(angle) * magnitude, torch.sin(angle) * magnitude
@@ -197,23 +206,35 @@ def _cache_of(kwargs: dict[str, Any]) -> Any:
     return legacy if cache is None else cache
 
 
-def _check_cache_layer(cache: Any, layer_idx: int) -> None:
+def _cache_layer(cache: Any, layer_idx: int) -> Any:
     layers = getattr(cache, "layers", None)
-    layer = layers[layer_idx] if layers is not None and layer_idx < len(layers) else cache
-    if not isinstance(layer, DynamicLayer):
-        what = type(layer).__name__
+    return layers[layer_idx] if layers is not None and layer_idx < len(layers) else cache
+
+
+def _check_cache_layer(layer: Any, layer_idx: int) -> None:
+    """A layer of the dynamic cache or a full-attention layer of the static cache; anything else is
+    an `AttnFuseError` naming it."""
+    if isinstance(layer, StaticLayer) and layer.is_sliding:
         raise AttnFuseError(
-            f"attnfuse.integrations.transformers supports dynamic caches (DynamicCache) only, got {what} "
-            f"at layer {layer_idx}"
+            f"attnfuse.integrations.transformers does not read a static cache's sliding-window layers "
+            f"({type(layer).__name__} at layer {layer_idx}: a rolling buffer of the last keys, not the keys by "
+            "position); use the dynamic cache (the default) for a model with sliding windows"
+        )
+    if not isinstance(layer, (DynamicLayer, StaticLayer)):
+        raise AttnFuseError(
+            f"attnfuse.integrations.transformers supports dynamic caches (DynamicCache) and static caches "
+            f"(StaticCache, cache_implementation='static'), got {type(layer).__name__} at layer {layer_idx}"
         )
 
 
-def _positions(position_ids: torch.Tensor | None, past: int, b: int, n: int, device: torch.device) -> torch.Tensor:
+def _positions(
+    position_ids: torch.Tensor | None, past: int | torch.Tensor, b: int, n: int, device: torch.device
+) -> torch.Tensor:
     """RoPE positions for the n new tokens: `position_ids` ([B, N]; a [1, N] shared by a batch
     as [N]), or past..past+n-1 without them (transformers' default). Read at every call, never
     cached: a generation loop may refill one tensor in place."""
     if position_ids is None:
-        return torch.arange(past, past + n, device=device)
+        return torch.arange(n, device=device) + past
     if position_ids.dim() == 2 and position_ids.shape[0] == 1 and b != 1:
         return position_ids[0]
     return position_ids
@@ -276,28 +297,86 @@ def _attend(
     q, k, v = qkv
     b, n = q.shape[0], q.shape[2]
     layer_idx = module.layer_idx
+    mask, mask_arg = _mask(attention_mask)
+    if cache is not None and isinstance(_cache_layer(cache, layer_idx), StaticLayer):
+        return _attend_static(module, variants, spec, qkv, (mask, mask_arg), cache, position_ids)
     past = 0 if cache is None else cache.get_seq_length(layer_idx)
     positions = _positions(position_ids, past, b, n, q.device)
-    mask, mask_arg = _mask(attention_mask)
     cached = past > 0
     if cache is not None:
         rotated, v_all = cache.update(_cached_keys(module, spec, k, positions), v, layer_idx)
-        _check_cache_layer(cache, layer_idx)
+        _check_cache_layer(_cache_layer(cache, layer_idx), layer_idx)
         if cached:
             k, v = rotated, v_all
-    if mask_arg is not None and mask_arg.shape[-1] != k.shape[2]:
-        what = "attention_mask" if mask == "padded" else "the packed sequences' document ids"
-        raise AttnFuseError(f"{what} cover {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {k.shape[2]}")
+    _check_mask_width(mask, mask_arg, k.shape[2], layer_idx)
     extras = _extras(module, spec, cached, mask_arg)
     if mask == "packed" and cache is None and not torch.compiler.is_compiling():
         return _packed(variants[False, VARLEN], (q, k, v), mask_arg, _extras(module, spec, False, None))
-    if cached and mask == "causal" and n <= inference.MAX_DECODE_QUERIES and not _needs_grad(q, k, v, extras):
+    if cached and _decodes(mask, n, (q, k, v, extras)):
         # Decoding a few tokens against the cache: the split-KV decode kernels (the cache holds
         # the first Nk positions of every sequence, the new tokens the last n).
         seqlens = torch.full((b,), k.shape[2], dtype=torch.int32, device=q.device)
         return variants[cached, mask].decode(q, k, v, seqlens, positions, *extras, check=False)
     head = (q, k, v, positions) if cached else (q, k, v, positions, positions)
     return variants[cached, mask](*head, *extras)
+
+
+def _attend_static(
+    module: Any,
+    variants: dict[tuple[bool, str], af.Variant],
+    spec: LayerSpec,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    mask_kind: tuple[str, torch.Tensor | None],
+    cache: Any,
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """`_attend` with a static cache (transformers' StaticCache: buffers [B, Hkv, max_cache_len, D]
+    written in place, the length a device tensor). The rotated keys are written at the cache's
+    length. Up to 16 new tokens needing no gradient run the decode kernels with the length read
+    on the device, so a compiled step captured in a CUDA graph replays. A longer call (the
+    prefill, which generate() runs uncompiled) reads the length once on the host and runs the
+    fused variant on an empty cache, else the cached one on the keys written so far."""
+    q, k, v = qkv
+    mask, mask_arg = mask_kind
+    b, n = q.shape[0], q.shape[2]
+    layer_idx = module.layer_idx
+    layer = _cache_layer(cache, layer_idx)
+    if layer_idx == 0:  # every layer checked before the first is written
+        for i, each in enumerate(getattr(cache, "layers", [layer])):
+            _check_cache_layer(each, i)
+    past = layer.cumulative_length if layer.is_initialized else 0
+    positions = _positions(position_ids, past, b, n, q.device)
+    keys, values = cache.update(_cached_keys(module, spec, k, positions), v, layer_idx)
+    _check_mask_width(mask, mask_arg, keys.shape[2], layer_idx)
+    extras = _extras(module, spec, True, mask_arg)
+    if _decodes(mask, n, (q, keys, values, extras)):
+        lengths = layer.cumulative_length.to(device=q.device, dtype=torch.int32).expand(b)
+        return variants[True, mask].decode(q, keys, values, lengths, positions, *extras, check=False)
+    if torch.compiler.is_compiling():
+        raise AttnFuseError(
+            f"with a static cache under torch.compile, AttnFuse runs calls of up to {inference.MAX_DECODE_QUERIES} "
+            f"new tokens needing no gradient (the decode kernels, the cache's length read on the device); this "
+            f"call has {n} tokens{' and needs a gradient' if _needs_grad(q, k, v, extras) else ''}: run the prefill "
+            "uncompiled (as generate() does) or in chunks of at most 16 tokens"
+        )
+    end = int(layer.cumulative_length)  # one host read, in an uncompiled call
+    key_ok = None if mask_arg is None else mask_arg[:, :end]
+    if end == n:  # the cache was empty: q and k rotated in the kernel
+        return variants[False, mask](q, k, v, positions, positions, *_extras(module, spec, False, key_ok))
+    extras = _extras(module, spec, True, key_ok)
+    return variants[True, mask](q, keys[:, :, :end], values[:, :, :end], positions, *extras)
+
+
+def _check_mask_width(mask: str, mask_arg: torch.Tensor | None, keys: int, layer_idx: int) -> None:
+    if mask_arg is not None and mask_arg.shape[-1] != keys:
+        what = "attention_mask" if mask == "padded" else "the packed sequences' document ids"
+        raise AttnFuseError(f"{what} cover {mask_arg.shape[-1]} keys but layer {layer_idx} attends to {keys}")
+
+
+def _decodes(mask: str, n: int, tensors: tuple[Any, ...]) -> bool:
+    """Whether a call extending a cache runs the decode kernels: up to 16 new tokens, a causal
+    (or windowed) or padded mask, no gradient."""
+    return mask in ("causal", "padded") and n <= inference.MAX_DECODE_QUERIES and not _needs_grad(*tensors)
 
 
 def _packed(
@@ -404,15 +483,18 @@ def _layer_mask(
     it, once per forward:
 
     - a 2-D `attention_mask` given: its bool key mask [B, kv_length] of the keys a layer attends
-      to, or None when it masks nothing (never packing: transformers infers packed sequences only
-      without a mask);
+      to (a static cache's slots past the mask, not yet written, masked), or None when it masks
+      nothing, which is decided outside torch.compile only (never packing: transformers infers
+      packed sequences only without a mask);
     - no mask: the document ids [B, N] of packed sequences (`_documents`) when transformers' mask
       function says so (no cache, positions restarting or jumping; transformers then turns its
       `allow_is_causal_skip` off), else None."""
     if attention_mask is not None:
         attention_mask = attention_mask[:, -kv_length:].to(torch.bool)
-        if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
+        if not torch.compiler.is_compiling() and bool(attention_mask.all()):
             return None
+        if attention_mask.shape[1] < kv_length:  # a static cache's slots past the mask: not written yet
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, kv_length - attention_mask.shape[1]))
         return attention_mask
     fresh = q_length == kv_length and all(isinstance(x, int) and x == 0 for x in (q_offset, kv_offset))
     if allow_is_causal_skip or mask_function is None or not fresh or q_length < 2:
@@ -470,7 +552,7 @@ def apply(model: Any) -> Any:
     gpt-oss (`config.model_type` llama, mistral, qwen2, qwen3, gemma2, gpt_oss), with their
     sliding windows, softcap, QK-norm and sinks read from the config and the layers. The model's
     attention implementation becomes "attnfuse". Padding masks, `position_ids`, packed sequences,
-    training and `generate()` with the default dynamic cache work. Anything else raises
+    training and `generate()` with the dynamic or the static cache (compiled) work. Anything else raises
     `AttnFuseError` naming it, before the model is changed."""
     _check_version()
     config = getattr(model, "config", None)
