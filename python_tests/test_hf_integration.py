@@ -584,3 +584,22 @@ def test_pickled_model_runs(llama, tmp_path):
     out = subprocess.run([sys.executable, "-c", _UNPICKLE, str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < LOGITS_TOLERANCE
+
+
+def test_other_caches_and_continuous_batching_refused(llama):
+    """A cache that is neither dynamic nor static (a legacy tuple, a paged cache) is an
+    `AttnFuseError` naming it; transformers' continuous batching (generate_batch), which accepts
+    only its own list of attention implementations, refuses a patched model up front."""
+    _, patched = llama
+
+    class PagedAttentionCache:  # the name of transformers' continuous-batching cache
+        pass
+
+    attention = patched.model.layers[0].self_attn
+    hidden = torch.randn(1, 4, TINY["hidden_size"])
+    for cache, match in ((((None, None),), "got tuple"), (PagedAttentionCache(), "continuous batching")):
+        with torch.no_grad(), pytest.raises(af.AttnFuseError, match=match):
+            attention(hidden, cache=cache)
+    config = transformers.GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    with pytest.raises((ValueError, af.AttnFuseError), match="attnfuse"):
+        patched.generate_batch([[5, 6, 7], [8, 9]], generation_config=config)

@@ -221,9 +221,10 @@ def _check_cache_layer(layer: Any, layer_idx: int) -> None:
             "position); use the dynamic cache (the default) for a model with sliding windows"
         )
     if not isinstance(layer, (DynamicLayer, StaticLayer)):
+        paged = " (continuous batching, generate_batch, is not supported)" if "Paged" in type(layer).__name__ else ""
         raise AttnFuseError(
             f"attnfuse.integrations.transformers supports dynamic caches (DynamicCache) and static caches "
-            f"(StaticCache, cache_implementation='static'), got {type(layer).__name__} at layer {layer_idx}"
+            f"(StaticCache, cache_implementation='static'), got {type(layer).__name__} at layer {layer_idx}{paged}"
         )
 
 
@@ -298,6 +299,8 @@ def _attend(
     b, n = q.shape[0], q.shape[2]
     layer_idx = module.layer_idx
     mask, mask_arg = _mask(attention_mask)
+    if cache is not None and not hasattr(cache, "layers"):  # not a Cache of layers: paged, legacy tuples, ...
+        _check_cache_layer(cache, layer_idx)
     if cache is not None and isinstance(_cache_layer(cache, layer_idx), StaticLayer):
         return _attend_static(module, variants, spec, qkv, (mask, mask_arg), cache, position_ids)
     past = 0 if cache is None else cache.get_seq_length(layer_idx)
