@@ -308,10 +308,14 @@ def _prepare_decode(
 
         return via_float32
     _, run, _ = launch.load_kernel(trace, q, k_l, v_l, interpret, direction="decode", page_size=page)
+    # The run outlives this call, so it keeps no device tensor: a stand-in allocated while a
+    # CUDA-graph warm-up routes allocations into the graph's pool may not outlive the capture.
+    capacity_like = k_l if interpret else None
+    del k_l, v_l
 
     def kernels(q, k, v, lens, ex, table):  # type: ignore[no-untyped-def]
-        if interpret:
-            launch.warn_if_slow(q, k_l)  # the cache's capacity, paged or not
+        if capacity_like is not None:
+            launch.warn_if_slow(q, capacity_like)  # the cache's capacity, paged or not
         paged = () if table is None else (table,)
         return run(q, k, v, *tensors_of(ex), lens, *paged, lse=launch.lse_workspace(q))[0]
 

@@ -189,7 +189,11 @@ def lse_workspace(q: torch.Tensor) -> torch.Tensor:
     n = q.shape[0] * q.shape[1] * q.shape[2]
     ws = LSE_WORKSPACES.get(q.device)
     if ws is None or ws.numel() < n:
-        ws = LSE_WORKSPACES[q.device] = torch.empty(max(n, 1 << 16), dtype=torch.float32, device=q.device)
+        from attnfuse.targets.triton.prelude import _kept  # kept: outside CUDA-graph pools
+
+        size = max(n, 1 << 16)
+        ws = _kept(lambda: torch.empty(size, dtype=torch.float32, device=q.device), q.device)
+        LSE_WORKSPACES[q.device] = ws
     return ws
 
 

@@ -1,7 +1,9 @@
 """`generate()` of a patched Hugging Face model on the GPU with a static cache (issue 23), which
 transformers compiles for the decoding steps (torch.compile, mode "reduce-overhead": CUDA graphs;
 here with `fullgraph=True`, so a graph break fails): a small random Llama in bf16, unpadded and
-left-padded, against the same patched model's uncompiled dynamic-cache `generate()`."""
+left-padded, against the same patched model's uncompiled dynamic-cache `generate()`. What AttnFuse
+first builds and keeps inside the CUDA-graph warm-up (a decode signature, a RoPE table, the lse
+workspace) must stay out of the graph's memory pool, or torch raises at the capture."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import transformers  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
 import attnfuse as af  # noqa: E402
+from attnfuse import launch  # noqa: E402
 from attnfuse.integrations.transformers import PatchedAttention, apply  # noqa: E402
 
 pytestmark = [
@@ -55,16 +58,25 @@ def test_static_cache_generate_compiled():
     mask = torch.ones_like(ids)
     mask[1, :37] = 0
     kw = dict(max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-    static = dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=True))
+    compiled = CompileConfig(fullgraph=True)
+
+    def static() -> transformers.StaticCache:
+        # A capacity no eager call has seen: the decode signature, its RoPE table's length bucket
+        # and (cleared) the lse workspace are first built inside the CUDA-graph warm-up, and must
+        # stay out of the graph's memory pool.
+        launch.LSE_WORKSPACES.clear()
+        return transformers.StaticCache(config=model.config, max_cache_len=600)
+
     with af.backend("triton"):
         for call in (dict(inputs=ids), dict(inputs=ids, attention_mask=mask)):
             dynamic = model.generate(**call, **kw)
             for v in cached:
                 v._decode_hot.clear()
-            first = model.generate(**call, **kw, **static)
+            first = model.generate(**call, **kw, past_key_values=static(), compile_config=compiled)
             assert hasattr(model, "_compiled_call")  # generate() compiled the decoding steps
             assert any(v._decode_hot for v in cached)  # ... through the decode kernels
-            again = model.generate(**call, **kw, **static)  # replayed CUDA graphs: the same run
+            # replayed CUDA graphs: the same run
+            again = model.generate(**call, **kw, past_key_values=static(), compile_config=compiled)
             assert torch.equal(again.sequences, first.sequences)
             # The same scores as the uncompiled dynamic cache while the tokens agree (bf16: the
             # compiled model's other kernels round differently, which may flip a near-tie).

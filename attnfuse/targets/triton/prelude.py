@@ -5,6 +5,7 @@ function calls.
   pre-rotation kernel, built once per table, device and length bucket (`_TABLES`);
 - `_freq_table(key, inv_freq, device)`: the inverse frequencies themselves, for kernels that
   rotate at explicit positions;
+- `_kept(make, device)`: tensors those caches keep, allocated outside CUDA-graph memory pools;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
   compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`);
 - `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
@@ -40,10 +41,10 @@ def _rope_table(key, inv_freq, length, magnitude, device):
     if t is None:
         freqs = torch.tensor(inv_freq, dtype=torch.float64)
         angle = torch.arange(n, dtype=torch.float64)[:, None] * freqs[None, :]
-        t = _TABLES[(key, n, device)] = (
+        t = _TABLES[(key, n, device)] = _kept(lambda: (
             (angle.cos() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
             (angle.sin() * magnitude).to(device=device, dtype=torch.float32).contiguous(),
-        )
+        ), device)
     return t
 
 
@@ -52,8 +53,34 @@ def _freq_table(key, inv_freq, device):
     kernels that compute cos and sin themselves: rotations at explicit positions)."""
     t = _TABLES.get((key, device))
     if t is None:
-        t = _TABLES[(key, device)] = torch.tensor(inv_freq, dtype=torch.float32, device=device)
+        t = _TABLES[(key, device)] = _kept(lambda: torch.tensor(inv_freq, dtype=torch.float32, device=device), device)
     return t
+
+
+_KEEPER = []
+
+
+def _kept(make, device):
+    """make(), for tensors a cache keeps, allocated outside any CUDA-graph memory pool:
+    torch.compile's CUDA-graph warm-up routes the calling thread's allocations into the graph's
+    pool, which may hold no tensor that outlives the graph. On a CUDA device make runs on a
+    helper thread, whose allocations are its own, and its stream is synchronised before the
+    tensors are used (except during a capture itself, where make runs as it is)."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    if not _KEEPER:
+        import concurrent.futures
+
+        _KEEPER.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attnfuse-kept"))
+
+    def run():
+        with torch.cuda.device(device):
+            made = make()
+            torch.cuda.current_stream().synchronize()
+        return made
+
+    return _KEEPER[0].submit(run).result()
 
 
 _BINARIES = {}
