@@ -67,9 +67,20 @@ def test_static_cache_generate_compiled():
         launch.LSE_WORKSPACES.clear()
         return transformers.StaticCache(config=model.config, max_cache_len=600)
 
+    def agreeing(a, b) -> int:  # new tokens equal in both runs, up to the first that differs
+        new_a, new_b = (x.sequences[:, ids.shape[1] :] for x in (a, b))
+        return int((new_a == new_b).all(0).long().cumprod(0).sum().item())
+
     with af.backend("triton"):
         for call in (dict(inputs=ids), dict(inputs=ids, attention_mask=mask)):
             dynamic = model.generate(**call, **kw)
+            # The static cache uncompiled: the same kernels on the same inputs as the dynamic one
+            # (only the split of the cache may differ, with its capacity).
+            eager = model.generate(**call, **kw, past_key_values=static(), disable_compile=True)
+            agree = agreeing(eager, dynamic)
+            assert agree >= 1
+            for step in range(agree):
+                assert _rel_l2(eager.scores[step], dynamic.scores[step]) < 1e-2, step
             for v in cached:
                 v._decode_hot.clear()
             first = model.generate(**call, **kw, past_key_values=static(), compile_config=compiled)
@@ -78,10 +89,10 @@ def test_static_cache_generate_compiled():
             # replayed CUDA graphs: the same run
             again = model.generate(**call, **kw, past_key_values=static(), compile_config=compiled)
             assert torch.equal(again.sequences, first.sequences)
-            # The same scores as the uncompiled dynamic cache while the tokens agree (bf16: the
-            # compiled model's other kernels round differently, which may flip a near-tie).
-            new = first.sequences[:, ids.shape[1] :]
-            agree = (new == dynamic.sequences[:, ids.shape[1] :]).all(0).long().cumprod(0).sum().item()
+            # Compiled, the model's other kernels round differently in bf16 (which may flip a
+            # near-tie): the same scores within 5% while the tokens agree; a wrong position, mask or
+            # length would differ by far more.
+            agree = agreeing(first, eager)
             assert agree >= 1
             for step in range(agree):
-                assert _rel_l2(first.scores[step], dynamic.scores[step]) < 2e-2, step
+                assert _rel_l2(first.scores[step], eager.scores[step]) < 5e-2, step
