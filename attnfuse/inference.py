@@ -1,6 +1,7 @@
-"""A variant in inference: keys as a KV cache holds them (`cache_keys`) and decoding against the
-cache (`decode`), contiguous or paged. `Variant.cache_keys` and `Variant.decode` are these;
-inside code torch.compile traces, a decode call is one `attnfuse::decode` custom-op node
+"""A variant in inference: keys as a KV cache holds them (`cache_keys`), writing new keys and
+values into a cache (`append_kv`) and decoding against the cache (`decode`), contiguous or
+paged. `Variant.cache_keys`, `Variant.append_kv` and `Variant.decode` are these; inside code
+torch.compile traces, a decode call is one `attnfuse::decode` custom-op node
 (`compiled_decode`), so `fullgraph=True` traces it without a graph break.
 
 Decoding a sequence b whose cache holds its first `cache_seqlens[b]` positions, with queries
@@ -111,24 +112,106 @@ def _trace_for_keys(variant: Variant, k: torch.Tensor, full: tuple[object, ...])
     raise error
 
 
+# --------------------------------------------------------------------------- append_kv
+
+
+def append_kv(
+    variant: Variant,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *extras: object,
+    page_table: torch.Tensor | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """Write the keys and values of L new positions of every sequence into its cache, in place,
+    and return the new lengths (`cache_seqlens + L`, int32): k (un-transformed) and v
+    [B, Hkv, L, D] go to positions `cache_seqlens[b]` .. `cache_seqlens[b] + L - 1`, the keys
+    through `cache_keys` at those positions. The cache is contiguous `[B, Hkv, S, D]`, or a paged
+    pool `[pages, page_size, Hkv, D]` with `page_table` [B, max_pages] (its pages for the new
+    positions assigned by the caller). With `check` (the default), that the new lengths fit the
+    cache and their pages lie in the pool is checked (one device-to-host copy)."""
+    k, k_cache, v_cache = _check_append_inputs(k, v, k_cache, v_cache, cache_seqlens, page_table is not None)
+    b, _, n, _ = k.shape
+    page = 0 if page_table is None else k_cache.shape[1]
+    capacity = _check_paged(k, k_cache, page_table, "append_kv")[1] if page else k_cache.shape[2]
+    lens = cache_seqlens.to(torch.int64)
+    if check:
+        _check_decode_values(lens, capacity, None, 0, 0, "append_kv: cache_seqlens")
+        _check_decode_values(lens + n, capacity, page_table, page, k_cache.shape[0], "append_kv: cache_seqlens + L")
+    positions = lens[:, None] + torch.arange(n, device=k.device)
+    keys = cache_keys(variant, k, positions, *extras)
+    rows = torch.arange(b, device=k.device)[:, None].expand(b, n)
+    if page_table is None:
+        k_cache[rows, :, positions] = keys.transpose(1, 2)
+        v_cache[rows, :, positions] = v.transpose(1, 2)
+    else:
+        pages, slots = page_table.long()[rows, positions // page], positions % page
+        k_cache[pages, slots] = keys.transpose(1, 2)
+        v_cache[pages, slots] = v.transpose(1, 2)
+    return (lens + n).to(torch.int32)
+
+
+def _check_append_inputs(
+    k: object, v: object, k_cache: object, v_cache: object, cache_seqlens: object, paged: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """append_kv's tensors: k, v [B, Hkv, L, D] and caches that hold them, lengths [B]."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise AttnFuseError(f"append_kv: {name} must be a rank-4 tensor [B, Hkv, L, D], got {got}")
+    k, v = cast(torch.Tensor, k), cast(torch.Tensor, v)
+    if k.shape[:3] != v.shape[:3]:
+        raise AttnFuseError(
+            f"append_kv: k {list(k.shape)} and v {list(v.shape)} must agree in all but the last dim ([B, Hkv, L, D])"
+        )
+    k, k_cache, v_cache = _check_tensors(k, k_cache, v_cache, "append_kv", "k")
+    b, hkv, _, d = k.shape
+    heads = k_cache.shape[2 if paged else 1]
+    fits = (
+        heads == hkv and k_cache.shape[3] == d and v_cache.shape[3] == v.shape[3] and (paged or k_cache.shape[0] == b)
+    )
+    if not fits or k_cache.shape[:3] != v_cache.shape[:3]:
+        where = "[pages, page_size, Hkv, D]" if paged else "[B, Hkv, S, D]"
+        raise AttnFuseError(
+            f"append_kv: caches {list(k_cache.shape)} and {list(v_cache.shape)} ({where}) do not hold k "
+            f"{list(k.shape)} and v {list(v.shape)} ([B, Hkv, L, D])"
+        )
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise AttnFuseError(f"append_kv: cache_seqlens must be an int32 tensor [B], got {cache_seqlens!r:.80}")
+    if list(cache_seqlens.shape) != [b] or cache_seqlens.device != k.device:
+        raise AttnFuseError(
+            f"append_kv: cache_seqlens must have shape [B] = [{b}] on {k.device}, got {list(cache_seqlens.shape)} "
+            f"on {cache_seqlens.device}"
+        )
+    return k, k_cache, v_cache
+
+
 # --------------------------------------------------------------------------- decode
 
 
-def _check_tensors(q: object, k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q and the caches: rank-4 tensors of one supported dtype on one device."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+def _check_tensors(
+    q: object, k_cache: object, v_cache: object, call: str = "decode", first: str = "q"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (or the tensor named `first`) and the caches: rank-4 tensors of one supported dtype on
+    one device."""
+    for name, t in ((first, q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             layout = "[B, Hq, Lq, D]" if name == "q" else "[B, Hkv, S, D] (or a paged pool [pages, page_size, Hkv, D])"
-            raise AttnFuseError(f"decode: {name} must be a rank-4 tensor {layout}, got {got}")
+            raise AttnFuseError(f"{call}: {name} must be a rank-4 tensor {layout}, got {got}")
     q, k_cache, v_cache = cast(torch.Tensor, q), cast(torch.Tensor, k_cache), cast(torch.Tensor, v_cache)
     if q.dtype not in validation.QKV_DTYPES:
-        raise AttnFuseError(f"decode: q has dtype {q.dtype}; expected one of {list(validation.QKV_DTYPES)}")
+        raise AttnFuseError(f"{call}: {first} has dtype {q.dtype}; expected one of {list(validation.QKV_DTYPES)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != q.dtype:
-            raise AttnFuseError(f"decode: {name} has dtype {t.dtype} but q has {q.dtype}: they must share a dtype")
+            raise AttnFuseError(
+                f"{call}: {name} has dtype {t.dtype} but {first} has {q.dtype}: they must share a dtype"
+            )
         if t.device != q.device:
-            raise AttnFuseError(f"decode: {name} is on {t.device} but q is on {q.device}")
+            raise AttnFuseError(f"{call}: {name} is on {t.device} but {first} is on {q.device}")
     return q, k_cache, v_cache
 
 
@@ -172,28 +255,33 @@ def _check_decode_inputs(
     return _check_paged(q, k_cache, page_table)
 
 
-def _check_paged(q: torch.Tensor, pool: torch.Tensor, page_table: object) -> tuple[int, int]:
+def _check_paged(q: torch.Tensor, pool: torch.Tensor, page_table: object, call: str = "decode") -> tuple[int, int]:
     """A paged cache's page size and page table; returns (page size, capacity in keys)."""
     page, batch = pool.shape[1], q.shape[0]
     if page not in PAGE_SIZES:
         raise AttnFuseError(
-            f"decode: the paged cache's page size (dim 1 of [pages, page_size, Hkv, D]) must be one of {PAGE_SIZES}, "
+            f"{call}: the paged cache's page size (dim 1 of [pages, page_size, Hkv, D]) must be one of {PAGE_SIZES}, "
             f"got {page}"
         )
     pt = page_table
     if not isinstance(pt, torch.Tensor) or pt.dtype != torch.int32 or pt.dim() != 2 or pt.shape[0] != batch:
         got = f"{pt.dtype} {list(pt.shape)}" if isinstance(pt, torch.Tensor) else type(pt).__name__
-        raise AttnFuseError(f"decode: page_table must be an int32 tensor [B, max_pages] with B = {batch}, got {got}")
+        raise AttnFuseError(f"{call}: page_table must be an int32 tensor [B, max_pages] with B = {batch}, got {got}")
     if pt.device != q.device:
-        raise AttnFuseError(f"decode: page_table is on {pt.device} but q is on {q.device}")
+        raise AttnFuseError(f"{call}: page_table is on {pt.device} but the queries and caches are on {q.device}")
     return page, pt.shape[1] * page
 
 
 def _check_decode_values(
-    cache_seqlens: torch.Tensor, capacity: int, page_table: torch.Tensor | None, page: int, pages: int
+    cache_seqlens: torch.Tensor,
+    capacity: int,
+    page_table: torch.Tensor | None,
+    page: int,
+    pages: int,
+    call: str = "decode: cache_seqlens",
 ) -> None:
     """Lengths within the cache, page-table entries the lengths use within the pool: one
-    device-to-host copy."""
+    device-to-host copy. `call` names the lengths in the error."""
     lens = cache_seqlens.to(torch.int64)
     flags = [(lens < 0).any(), (lens > capacity).any()]
     if page_table is not None:
@@ -201,12 +289,11 @@ def _check_decode_values(
         flags.append((used & ((page_table < 0) | (page_table >= pages))).any())
     bad = torch.stack(flags).tolist()
     if bad[0] or bad[1]:
-        raise AttnFuseError(
-            f"decode: cache_seqlens must lie in [0, {capacity}] (the cache's capacity), got {lens.tolist()[:16]}"
-        )
+        raise AttnFuseError(f"{call} must lie in [0, {capacity}] (the cache's capacity), got {lens.tolist()[:16]}")
     if page_table is not None and bad[2]:
         raise AttnFuseError(
-            f"decode: page_table points outside the pool of {pages} pages for positions below cache_seqlens"
+            f"{call.split(':')[0]}: page_table points outside the pool of {pages} pages for positions below "
+            f"{call.split(': ')[-1]}"
         )
 
 

@@ -490,6 +490,7 @@ class Variant:
     # Inference forms of the variant (`attnfuse.inference`, `attnfuse.varlen`): the functions
     # themselves, taking the variant first.
     cache_keys = inference.cache_keys
+    append_kv = inference.append_kv
     decode = inference.decode
     varlen = varlen_calls.varlen
 

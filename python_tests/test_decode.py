@@ -16,6 +16,7 @@ import attnfuse as af
 from attnfuse import variants
 from attnfuse.cache import interpreter_library, load_source
 from attnfuse.compiler import compile_module
+from attnfuse.inference import gather_cache
 
 D = 32
 
@@ -209,6 +210,77 @@ def test_cache_keys_norm_weight_and_sinks_trace():
     torch.testing.assert_close(got[:, :, 0], normed[:, :, 0], rtol=1e-5, atol=1e-5)
     # gpt-oss's sinks fix the query heads: cache_keys finds a head count the trace accepts.
     assert variants.gpt_oss.cache_keys(k, torch.arange(6), torch.zeros(8)).shape == k.shape
+
+
+# ------------------------------------------------------------------------------ append_kv
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_append_kv_then_decode(page):
+    """Prefill with append_kv (two sequences of 19 and 3 positions), append 2 more tokens each,
+    decode them: the last rows of each sequence's ordinary call; the cache holds cache_keys of
+    each position, and nothing past the lengths is written."""
+    var, extras = _families(4)[1]  # Qwen3-style: QK-norm weights and RoPE on K
+    g = torch.Generator().manual_seed(9)
+    b, hkv, s = 2, 2, 48
+    k_raw = torch.randn(b, hkv, 21, D, generator=g).half()
+    v_raw = torch.randn(b, hkv, 21, D, generator=g).half()
+    q = torch.randn(b, 4, 2, D, generator=g).half()
+    if page is None:
+        k_cache = torch.full((b, hkv, s, D), float("nan")).half()
+        table = None
+    else:  # pages in a scrambled order, the pool larger than needed
+        k_cache = torch.full((8, page, hkv, D), float("nan")).half()
+        table = torch.tensor([[5, 0, 7], [2, 6, 1]], dtype=torch.int32)
+    v_cache = k_cache.clone()
+    lens = torch.zeros(b, dtype=torch.int32)
+    prompt = (19, 3)
+    for i, n in enumerate(prompt):  # each sequence's prompt alone (batch 1 views of the caches)
+        one = table[i : i + 1] if table is not None else None
+        kc, vc = (k_cache, v_cache) if page else (k_cache[i : i + 1], v_cache[i : i + 1])
+        got = var.append_kv(k_raw[i : i + 1, :, :n], v_raw[i : i + 1, :, :n], kc, vc, lens[i : i + 1], *extras,
+                            page_table=one)  # fmt: skip
+        assert got.tolist() == [n] and got.dtype == torch.int32
+    lens = torch.tensor(prompt, dtype=torch.int32)
+    new_k = torch.stack([k_raw[i, :, n : n + 2] for i, n in enumerate(prompt)])
+    new_v = torch.stack([v_raw[i, :, n : n + 2] for i, n in enumerate(prompt)])
+    lens = var.append_kv(new_k, new_v, k_cache, v_cache, lens, *extras, page_table=table)
+    assert lens.tolist() == [21, 5]
+    with af.backend("interpret"):
+        out = var.decode(q, k_cache, v_cache, lens, *extras, page_table=table)
+    full = [torch.cat([k_raw[i, :, :n], new_k[i]], 1)[None] for i, n in enumerate(prompt)]
+    vals = [torch.cat([v_raw[i, :, :n], new_v[i]], 1)[None] for i, n in enumerate(prompt)]
+    for i in range(b):
+        want = _expected(var, q[i : i + 1], full[i], vals[i], [full[i].shape[2]], extras)
+        torch.testing.assert_close(out[i : i + 1].double(), want, rtol=0, atol=2e-2)
+        n = full[i].shape[2]
+        held = gather_cache(k_cache, i, n, table)  # [Hkv, n, D]
+        torch.testing.assert_close(held, var.cache_keys(full[i], torch.arange(n), *extras)[0])
+    # Nothing past the lengths was written.
+    if page is None:
+        assert torch.isnan(k_cache[1, :, 5:]).all() and torch.isnan(v_cache[0, :, 21:]).all()
+    else:
+        assert torch.isnan(k_cache[[3, 4]]).all() and torch.isnan(k_cache[6, 5:]).all()
+
+
+def test_append_kv_errors():
+    k = torch.randn(2, 2, 3, D).half()
+    cache = torch.zeros(2, 2, 8, D).half()
+    lens = torch.tensor([4, 6], dtype=torch.int32)
+    var = variants.llama3
+    with pytest.raises(af.AttnFuseError, match=r"cache_seqlens \+ L must lie in \[0, 8\]"):
+        var.append_kv(k, k, cache, cache.clone(), lens)
+    with pytest.raises(af.AttnFuseError, match=r"append_kv: cache_seqlens must lie in \[0, 8\]"):
+        var.append_kv(k, k, cache, cache.clone(), torch.tensor([-1, 0], dtype=torch.int32))
+    with pytest.raises(af.AttnFuseError, match="do not hold k"):
+        var.append_kv(k, k, cache[:, :1], cache[:, :1].clone(), lens - 4)
+    with pytest.raises(af.AttnFuseError, match="k_cache has dtype torch.float32 but k has torch.float16"):
+        var.append_kv(k, k, cache.float(), cache.float(), lens - 4)
+    with pytest.raises(af.AttnFuseError, match="must agree in all but the last dim"):
+        var.append_kv(k, k[:, :, :2], cache, cache.clone(), lens - 4)
+    pool = torch.zeros(4, 16, 2, D).half()
+    with pytest.raises(af.AttnFuseError, match="append_kv: page_table points outside the pool of 4 pages"):
+        var.append_kv(k, k, pool, pool.clone(), lens, page_table=torch.tensor([[0], [4]], dtype=torch.int32))
 
 
 # ------------------------------------------------------------------------------ errors
