@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _DSL_NAMES = (
-    "alibi bias causal cos document exp exp2 linear_scaling llama3_scaling log log2 mask maximum minimum "
-    "prefix_lm pv qk qk_norm rope rope_scaling rsqrt scale score_mod sigmoid sin sliding_window softcap "
-    "softmax sqrt tanh where yarn_scaling"
+    "alibi bias causal cos document exp exp2 hadamard linear_scaling llama3_scaling log log2 mask maximum "
+    "minimum prefix_lm pv qk qk_norm quantize_fp8 rope rope_scaling rsqrt scale score_mod sigmoid sin "
+    "sliding_window softcap softmax sqrt tanh where yarn_scaling"
 ).split()
 
 _LAZY: dict[str, tuple[str, str]] = {
@@ -47,6 +47,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "backend": ("attnfuse.runtime", "backend"),
     "variant": ("attnfuse.runtime", "variant"),
     "alibi_slopes": ("attnfuse.variants", "alibi_slopes"),
+    "hadamard_matrix": ("attnfuse.low_precision", "hadamard_matrix"),
 }
 
 _SUBMODULES = ("dsl", "errors", "launch", "runtime", "cache", "variants")
@@ -70,6 +71,8 @@ __all__ = [
     "errors",
     "exp",
     "exp2",
+    "hadamard",
+    "hadamard_matrix",
     "launch",
     "linear_scaling",
     "llama3_scaling",
@@ -82,6 +85,7 @@ __all__ = [
     "pv",
     "qk",
     "qk_norm",
+    "quantize_fp8",
     "rope",
     "rope_scaling",
     "rsqrt",
@@ -131,6 +135,7 @@ if TYPE_CHECKING:
         document,
         exp,
         exp2,
+        hadamard,
         linear_scaling,
         llama3_scaling,
         log,
@@ -142,6 +147,7 @@ if TYPE_CHECKING:
         pv,
         qk,
         qk_norm,
+        quantize_fp8,
         rope,
         rope_scaling,
         rsqrt,
@@ -159,5 +165,6 @@ if TYPE_CHECKING:
     )
     from attnfuse.errors import AttnFuseError
     from attnfuse.launch import SlowInterpreterWarning
+    from attnfuse.low_precision import hadamard_matrix
     from attnfuse.runtime import Kernel, Variant, backend, variant
     from attnfuse.variants import alibi_slopes

@@ -71,6 +71,7 @@ from xdsl.utils.exceptions import VerifyException
 from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 from attnfuse.ir import get_func
+from attnfuse.low_precision import hadamard_matrix, quantize_e4m3
 from attnfuse.reference_regions import REGION_OP_NAMES, REGION_OPS, extract, to_type
 from attnfuse.rope_freqs import op_inv_freq
 
@@ -312,6 +313,13 @@ class _Executor:
             y = y * self.values[op.weight]
         return y
 
+    def _hadamard(self, op: attn.HadamardOp) -> torch.Tensor:
+        x = self.values[op.input]
+        return x @ hadamard_matrix(x.shape[-1], op.seed.value.data, x.dtype, x.device)
+
+    def _quantize(self, op: attn.QuantizeOp) -> torch.Tensor:
+        return quantize_e4m3(self.values[op.input], op.block.value.data)
+
     def _scale(self, op: attn.ScaleOp) -> torch.Tensor | _Scores:
         c = op.value.value.data
         x = self.values[op.input]
@@ -463,6 +471,8 @@ class _Executor:
     HANDLERS: dict[type[Operation], Callable[[_Executor, Any], object]] = {
         attn.RopeOp: _rope,
         attn.NormOp: _norm,
+        attn.HadamardOp: _hadamard,
+        attn.QuantizeOp: _quantize,
         attn.ScaleOp: _scale,
         attn.QKOp: _qk,
         attn.MaskOp: _mask,

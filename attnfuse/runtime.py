@@ -387,9 +387,12 @@ class Variant:
             cache.warn_reference_dumps_nothing()  # ATTNFUSE_DUMP_IR: the reference compiles nothing
             module = trace.module
             target: autograd.OpTarget = autograd.register(autograd.ReferenceTarget(trace))
+            forward_only = validation.forward_only(trace)
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = cast(tuple[torch.Tensor, ...], extras if select is None else select(extras))
+                if forward_only and torch.is_grad_enabled() and _needs_grad(q, k, v, tensors):
+                    raise AttnFuseError(f"{self.__name__}: {forward_only}")
                 return run_reference(module, q, k, v, *tensors, compute_dtype=reference_dtype(q)).to(q.dtype)
 
         else:

@@ -252,3 +252,14 @@ def extras_check(
         return True
 
     return check
+
+
+def forward_only(trace: dsl.Trace) -> str:
+    """Why the traced variant has no backward (the FP8 form's ops), or "" when it may have one."""
+    ops = [op.name for op in trace.module.walk() if isinstance(op, attn.LOW_PRECISION_OPS)]
+    if not ops:
+        return ""
+    return (
+        f"the FP8 form ({ops[0]}) is forward-only (inference) and has no backward, but an input requires grad; "
+        "call it under torch.no_grad() or with inputs that do not require grad"
+    )

@@ -1,9 +1,10 @@
 """Structure of an attention variant in attn IR, shared by the passes.
 
 A lowerable variant is a `func.func` with one `attn.qk` whose operands are chains
-of pre-matmul ops (`attn.rope`, `attn.norm`, `attn.scale`) rooted at function
-arguments, a chain of score ops up to one `attn.softmax`, and one `attn.pv` whose
-v is a function argument and whose result is returned.
+of pre-matmul ops (`attn.rope`, `attn.norm`, `attn.scale`, and the FP8 form's
+`attn.hadamard` and `attn.quantize`) rooted at function arguments, a chain of score
+ops up to one `attn.softmax`, and one `attn.pv` whose v is a function argument (or
+its `attn.quantize`) and whose result is returned.
 
 A backward function (attn-autodiff's, marked `attn.wrt`) has the same chains, and its
 probabilities feed `attn.pv_grad` and `attn.softmax_grad` instead of `attn.pv`.
@@ -11,7 +12,7 @@ probabilities feed `attn.pv_grad` and `attn.softmax_grad` instead of `attn.pv`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -36,6 +37,8 @@ class AttentionChains:
     q_arg: BlockArgument
     k_arg: BlockArgument
     v_arg: BlockArgument
+    v_chain: list[Operation] = field(default_factory=list)
+    """v's transforms: empty, or its attn.quantize (the FP8 form)."""
 
     @property
     def q_type(self) -> TensorType:
@@ -60,16 +63,21 @@ class AttentionChains:
     def ropes(self) -> list[attn.RopeOp]:
         return [op for op in self.q_chain + self.k_chain if isinstance(op, attn.RopeOp)]
 
+    @property
+    def low_precision(self) -> list[Operation]:
+        """The FP8 form's ops (attn.hadamard, attn.quantize) on q, k and v."""
+        return [op for op in self.q_chain + self.k_chain + self.v_chain if isinstance(op, attn.LOW_PRECISION_OPS)]
+
 
 def _chain(value: SSAValue, what: str) -> tuple[list[Operation], BlockArgument]:
     ops: list[Operation] = []
     while not isinstance(value, BlockArgument):
         op = value.owner
         assert isinstance(op, Operation)  # not a block argument: an op's result
-        if not isinstance(op, attn.RopeOp | attn.NormOp | attn.ScaleOp):
+        if not isinstance(op, attn.PRE_MATMUL_OPS):
             raise DiagnosticException(
                 f"{what} of attn.qk must be a function argument transformed by attn.rope, "
-                f"attn.norm or attn.scale, found '{op.name}'"
+                f"attn.norm, attn.scale, attn.hadamard or attn.quantize, found '{op.name}'"
             )
         ops.append(op)
         value = op.operands[0]
@@ -112,9 +120,13 @@ def analyse(f: func.FuncOp) -> AttentionChains:
         score_ops.append(user)
         value = user.results[0]
     pv = _pv_of(f, softmax)
-    if not isinstance(pv.v, BlockArgument):
-        raise DiagnosticException(f"the v operand of {pv.name} must be a function argument")
-    return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, pv.v)
+    v_chain: list[Operation] = []
+    v = pv.v
+    if isinstance(v.owner, attn.QuantizeOp):
+        v_chain, v = [v.owner], v.owner.input
+    if not isinstance(v, BlockArgument):
+        raise DiagnosticException(f"the v operand of {pv.name} must be a function argument (or its attn.quantize)")
+    return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, v, v_chain)
 
 
 def _is_derivative(op: Operation) -> bool:

@@ -86,6 +86,11 @@ class _Builder:
 def _check_wrt(chains: AttentionChains, wrt: tuple[int, ...]) -> None:
     """Every index of `wrt` names a distinct argument that has a gradient."""
     f = chains.func
+    if chains.low_precision:
+        raise DiagnosticException(
+            f"attn-autodiff: @{f.sym_name.data} is in the FP8 form ({chains.low_precision[0].name}), which is "
+            "forward-only (inference): it has no backward"
+        )
     if len(set(wrt)) != len(wrt):
         raise DiagnosticException(f"attn-autodiff wrt names an argument twice: {', '.join(map(str, wrt))}")
     differentiable = differentiable_args(chains)

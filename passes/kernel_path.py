@@ -252,6 +252,15 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     return GLUON, n
 
 
+def _check_lowerable(v: AttentionChains) -> None:
+    """Refuse what no kernel path lowers: the FP8 form's ops (the reference executor runs them)."""
+    if v.low_precision:
+        raise DiagnosticException(
+            f"@{v.func.sym_name.data}: {v.low_precision[0].name} (the FP8 form) has no kernel lowering yet; "
+            "run the variant with af.backend('reference')"
+        )
+
+
 def _check_tanh(v: AttentionChains, entry: DictionaryAttr, sm: int, where: str) -> None:
     """An entry's tanh: "approx" or "approx-gluon", for bf16/f16 inputs on a GPU."""
     tanh = entry.data.get("tanh")
@@ -357,7 +366,9 @@ class KernelPathPass(ModulePass):
         sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
-            entry = self.entry(analyse(f), sm, seq_len)
+            chains = analyse(f)
+            _check_lowerable(chains)
+            entry = self.entry(chains, sm, seq_len)
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)
 
     def inference_entry(self, v: AttentionChains, sm: int) -> dict[str, Attribute]:

@@ -3,8 +3,9 @@
 A variant is a Python function of `(q, k, v, *extras)`. The runtime calls it once per
 argument signature with symbolic proxies instead of tensors (`trace`); each building
 block (`rope`, `qk_norm`, `scale`, `qk`, `mask`, `bias`, `softcap`, `score_mod`,
-`softmax`, `pv`) appends the matching `attn` op to a `func.func`, and the function's
-return value, the result of `pv`, becomes the function's result.
+`softmax`, `pv`, and the FP8 form's `hadamard` and `quantize_fp8`) appends the matching
+`attn` op to a `func.func`, and the function's return value, the result of `pv`, becomes
+the function's result.
 
 Custom predicates `fn(b, h, q_idx, kv_idx)`, biases (same arguments) and score
 modifiers `fn(score, b, h, q_idx, kv_idx)` are Python callables traced into the
@@ -41,12 +42,14 @@ Every public name is re-exported here, so `attnfuse.dsl.X` and `af.X` work.
 
 from attnfuse.dsl.blocks import (
     bias,
+    hadamard,
     linear_scaling,
     llama3_scaling,
     mask,
     pv,
     qk,
     qk_norm,
+    quantize_fp8,
     rope,
     rope_scaling,
     scale,
@@ -130,6 +133,8 @@ __all__ = [
     "pv",
     "qk",
     "qk_norm",
+    "quantize_fp8",
+    "hadamard",
     "rope",
     "rope_scaling",
     "rsqrt",

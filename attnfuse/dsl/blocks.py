@@ -247,7 +247,7 @@ def rope(
     `kv_idx` of custom functions keep the row-index convention above. q and k take
     their positions separately (pass the same tensor to both when Nq == Nk)."""
     t = _tracer("af.rope")
-    x = _tensor(x, "af.rope")
+    x = _unquantized(_tensor(x, "af.rope"), "af.rope")
     r = x.head_dim if rotary_dim is None else _rotary_dim(rotary_dim, x)
     if style not in attn.RopeOp.STYLES:
         raise AttnFuseError(f"af.rope style must be 'half' or 'interleaved', got {style!r}")
@@ -274,7 +274,7 @@ def qk_norm(x: TensorProxy, weight: object = None, eps: float = 1e-6) -> TensorP
     """RMS normalisation of q or k over the head dim, times an optional float weight
     [D] (an argument of the variant): x * rsqrt(mean(x^2) + eps) * weight."""
     t = _tracer("af.qk_norm")
-    x = _tensor(x, "af.qk_norm")
+    x = _unquantized(_tensor(x, "af.qk_norm"), "af.qk_norm")
     w = None
     if weight is not None:
         extra = _extra_arg(weight, "af.qk_norm weight")._extra
@@ -293,10 +293,54 @@ def scale(x: TensorProxy | ScoresProxy, c: float) -> Any:
         op = attn.ScaleOp(x.value, value)
         op.output.name_hint = "s"
         return ScoresProxy(t.emit(op, "af.scale"), x.heads)
-    x = _tensor(x, "af.scale")
+    x = _unquantized(_tensor(x, "af.scale"), "af.scale")
     op = attn.ScaleOp(x.value, value)
     op.output.name_hint = f"{x.name}_scale"
     return TensorProxy(t.emit(op, "af.scale"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def _seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
+        raise AttnFuseError(f"af.hadamard seed must be an integer in [0, 2**63), got {_show(seed)}")
+    return int(seed)
+
+
+def hadamard(x: TensorProxy, seed: int = 0) -> TensorProxy:
+    """Incoherent processing for low precision: x @ M over the head dim (a power of two), M the
+    Hadamard matrix with random signs drawn from `seed` over sqrt(head dim)
+    (`attnfuse.low_precision.hadamard_matrix`). M is orthogonal: the same rotation on q and k
+    (required) leaves the scores unchanged and spreads outlier channels before quantization."""
+    t = _tracer("af.hadamard")
+    x = _unquantized(_tensor(x, "af.hadamard"), "af.hadamard")
+    op = attn.HadamardOp(x.value, _seed(seed))
+    op.output.name_hint = f"{x.name}_had"
+    return TensorProxy(t.emit(op, "af.hadamard"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def quantize_fp8(x: TensorProxy, block: int | None = None) -> TensorProxy:
+    """q, k or v as float8 e4m3 holds it (the FP8 form, forward only): one scale per `block`
+    consecutive rows of a (batch, head), or per tensor with `block=None`; each scale is the
+    block's largest magnitude over 448 (e4m3's largest). The last transform before af.qk or
+    af.pv."""
+    t = _tracer("af.quantize_fp8")
+    x = _unquantized(_tensor(x, "af.quantize_fp8"), "af.quantize_fp8")
+    rows = 0
+    if block is not None:
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or int(block) < 1:
+            raise AttnFuseError(f"af.quantize_fp8 block must be a positive number of rows or None, got {_show(block)}")
+        rows = int(block)
+    op = attn.QuantizeOp(x.value, rows)
+    op.output.name_hint = f"{x.name}8"
+    return TensorProxy(t.emit(op, "af.quantize_fp8"), x.name, x.heads, x.head_dim, x.dtype)
+
+
+def _unquantized(x: TensorProxy, what: str) -> TensorProxy:
+    if isinstance(x.value.owner, attn.QuantizeOp):
+        raise AttnFuseError(
+            f"{what}: {x.name} was already quantized by af.quantize_fp8, which must be its last transform "
+            "before af.qk or af.pv"
+        )
+    return x
 
 
 def qk(q: TensorProxy, k: TensorProxy, scale: float | None = None) -> ScoresProxy:

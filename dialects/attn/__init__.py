@@ -54,10 +54,24 @@ from attnfuse.dialects.attn.grads import (
     SinkGradOp,
     SoftmaxGradOp,
 )
-from attnfuse.dialects.attn.ops import NormOp, PVOp, QKOp, RopeOp, ScaleOp, SoftcapOp, SoftmaxOp
+from attnfuse.dialects.attn.ops import (
+    E4M3_MAX,
+    HadamardOp,
+    NormOp,
+    PVOp,
+    QKOp,
+    QuantizeOp,
+    RopeOp,
+    ScaleOp,
+    SoftcapOp,
+    SoftmaxOp,
+    chain_ops,
+)
 from attnfuse.dialects.attn.score_fns import REGION_OPS, BiasOp, ExtractOp, MaskOp, ScoreModOp, YieldOp, new_region
 
-PRE_MATMUL_OPS = (RopeOp, NormOp, ScaleOp)
+PRE_MATMUL_OPS = (RopeOp, NormOp, ScaleOp, HadamardOp, QuantizeOp)
+LOW_PRECISION_OPS = (HadamardOp, QuantizeOp)
+"""The FP8 form's ops (forward-only)."""
 SCORE_OPS = (ScaleOp, MaskOp, BiasOp, SoftcapOp, ScoreModOp)
 
 Attn = Dialect(
@@ -66,6 +80,8 @@ Attn = Dialect(
         RopeOp,
         NormOp,
         ScaleOp,
+        HadamardOp,
+        QuantizeOp,
         QKOp,
         MaskOp,
         BiasOp,
@@ -82,8 +98,10 @@ Attn = Dialect(
 
 __all__ = [
     "BIAS_KINDS",
+    "E4M3_MAX",
     "GRAD_OPS",
     "INT32_MAX",
+    "LOW_PRECISION_OPS",
     "LOG2E",
     "MASK_KINDS",
     "PRE_MATMUL_OPS",
@@ -93,6 +111,7 @@ __all__ = [
     "Attn",
     "BiasOp",
     "ExtractOp",
+    "HadamardOp",
     "KvBoundAttr",
     "MaskKind",
     "MaskOp",
@@ -103,6 +122,7 @@ __all__ = [
     "PlacementAttr",
     "ProbsType",
     "QKOp",
+    "QuantizeOp",
     "RopeOp",
     "RopeScalingAttr",
     "RopeStyle",
@@ -113,6 +133,7 @@ __all__ = [
     "SoftcapOp",
     "SoftmaxOp",
     "YieldOp",
+    "chain_ops",
     "new_region",
     "NormGradOp",
     "NormWeightGradOp",

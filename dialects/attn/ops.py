@@ -259,6 +259,82 @@ class NormOp(IRDLOperation):
         check_vector(self.weight, shape[3], "attn.norm weight", "the head dim")
 
 
+E4M3_MAX = 448.0
+"""The largest finite float8 e4m3 (`e4m3fn`) value: a quantization block's largest magnitude maps to it."""
+
+
+@irdl_op_definition
+class HadamardOp(IRDLOperation):
+    """Incoherent processing of q or k for low precision: x @ M with M = diag(s) H / sqrt(D), H
+    the Sylvester Hadamard matrix of the head dim D (a power of two) and s a fixed vector of
+    random signs drawn from `seed`. M is orthogonal, so the same rotation on q and on k leaves
+    the scores unchanged while spreading outlier channels over all of them."""
+
+    name = "attn.hadamard"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    seed = prop_def(IntegerAttr[I64])
+    output = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$input `seed` `=` $seed attr-dict `:` type($input)"
+
+    def __init__(self, input: SSAValue | Operation, seed: int = 0):
+        input = SSAValue.get(input)
+        super().__init__(operands=[input], properties={"seed": IntegerAttr(seed, i64)}, result_types=[input.type])
+
+    def verify_(self) -> None:
+        d = qkv_shape(self.input, "attn.hadamard input")[3]
+        _check_placement(self)
+        if d != DYNAMIC_INDEX and (d < 1 or d & (d - 1)):
+            raise VerifyException(f"attn.hadamard needs a head dim that is a power of two, got {d}")
+        if self.seed.value.data < 0:
+            raise VerifyException(f"attn.hadamard seed must be >= 0, got {self.seed.value.data}")
+
+
+@irdl_op_definition
+class QuantizeOp(IRDLOperation):
+    """q, k or v as float8 e4m3 holds it: each element divided by its block's scale, rounded to
+    e4m3 and multiplied back. A block is `block` consecutive rows of one (batch, head), and its
+    scale the block's largest magnitude over e4m3's largest value (448); `block` = 0 is one
+    scale for the whole tensor. The last transform of its operand: the product reads e4m3
+    values and their scales, and descales."""
+
+    name = "attn.quantize"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    input = operand_def(T)
+    block = prop_def(IntegerAttr[I64])
+    output = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$input `e4m3` `block` `=` $block attr-dict `:` type($input)"
+
+    def __init__(self, input: SSAValue | Operation, block: int = 0):
+        input = SSAValue.get(input)
+        super().__init__(operands=[input], properties={"block": IntegerAttr(block, i64)}, result_types=[input.type])
+
+    def verify_(self) -> None:
+        qkv_shape(self.input, "attn.quantize input")
+        _check_placement(self)
+        if self.block.value.data < 0:
+            raise VerifyException(
+                f"attn.quantize block must be >= 0 rows (0: one scale per tensor), got {self.block.value.data}"
+            )
+        for use in self.output.uses:
+            if not isinstance(use.operation, QKOp | PVOp):
+                raise VerifyException(
+                    f"attn.quantize must be the last transform before attn.qk or attn.pv, but its result feeds "
+                    f"'{use.operation.name}'"
+                )
+
+
+def chain_ops(value: SSAValue) -> list[Operation]:
+    """The pre-matmul ops that compute `value` from a function argument, first to last."""
+    ops: list[Operation] = []
+    while isinstance(value.owner, RopeOp | NormOp | ScaleOp | HadamardOp | QuantizeOp):
+        ops.append(value.owner)
+        value = value.owner.operands[0]
+    return ops[::-1]
+
+
 @irdl_op_definition
 class ScaleOp(IRDLOperation):
     """Multiply q or k (before the matmul) or the scores (after it) by a constant."""
@@ -370,6 +446,12 @@ class QKOp(IRDLOperation):
                 raise VerifyException(f"attn.qk scale must be > 0 and finite, got {s}")
         check_annotation(self, "score_scale", FloatAttr, "a float")
         check_annotation(self, "log2e_folded", UnitAttr, "a unit attribute")
+        seeds = [[op.seed.value.data for op in chain_ops(x) if isinstance(op, HadamardOp)] for x in (self.q, self.k)]
+        if seeds[0] != seeds[1]:
+            raise VerifyException(
+                f"attn.qk: q and k must go through the same attn.hadamard rotations (the scores are unchanged only "
+                f"then), got seeds {seeds[0]} on q and {seeds[1]} on k"
+            )
 
 
 @irdl_op_definition
