@@ -13,6 +13,7 @@ probabilities feed `attn.pv_grad` and `attn.softmax_grad` instead of `attn.pv`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -123,7 +124,7 @@ def analyse(f: func.FuncOp) -> AttentionChains:
     v_chain: list[Operation] = []
     v = pv.v
     if isinstance(v.owner, attn.QuantizeOp):
-        v_chain, v = [v.owner], v.owner.input
+        v_chain, v = [cast(Operation, v.owner)], v.owner.input
     if not isinstance(v, BlockArgument):
         raise DiagnosticException(f"the v operand of {pv.name} must be a function argument (or its attn.quantize)")
     return AttentionChains(f, qk, softmax, pv, q_chain, k_chain, score_ops, q_arg, k_arg, v, v_chain)
