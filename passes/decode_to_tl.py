@@ -17,12 +17,17 @@ positions. The kernels are flash-decoding's:
   every split weighted by their log-sum-exps, the sink counted once, the output row and its
   natural-log lse written.
 
+- `attn_decode_single`: `attn_decode` over the whole cache with the combine's ending: the sink,
+  the output rows and their lse written directly. The launcher runs it alone where the cost model
+  gives one split (large batches), saving the workspaces and the combine launch.
+
 The launcher chooses the splits by kernel-path's cost model (`tl.decode_splits`) and the packed
 tile's rows from the group size and Lq (a power of two, at least the tiling's BLOCK_M).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import f32, i32, i64
@@ -85,8 +90,8 @@ class DecodeLowering(KernelLowering):
         """The cache's capacity in keys (host expression)."""
 
     def lower(self) -> LoweredFunction:
-        main, combine = self.decode_kernel(), self.combine_kernel()
-        return LoweredFunction([main.kernel, combine.kernel], self.launcher([main, combine]))
+        main, combine, single = self.decode_kernel(), self.combine_kernel(), self.decode_kernel(single=True)
+        return LoweredFunction([main.kernel, combine.kernel, single.kernel], self.launcher(main, combine, single))
 
     # ------------------------------------------------------------------ the packed Q tile
     def packed_rows(
@@ -110,8 +115,10 @@ class DecodeLowering(KernelLowering):
         return pid_bh, b, hk, kb.cast(b, i64, hint="b_off"), kb.cast(hk, i64, hint="hk_off")
 
     # ------------------------------------------------------------------ attn_decode
-    def decode_kernel(self) -> KernelCall:
-        """`attn_decode`: the packed Q tile against one split of one sequence's cache."""
+    def decode_kernel(self, single: bool = False) -> KernelCall:
+        """`attn_decode`: the packed Q tile against one split of one sequence's cache, its
+        partials written; `attn_decode_single` (`single`): the same against the whole cache, the
+        output and its lse written (the launch whose cost model gives one split)."""
         chains = self.chains
         p = Params()
         kb = KernelBuilder(p, p.block)
@@ -128,8 +135,11 @@ class DecodeLowering(KernelLowering):
             if page
             else None
         )
-        o_part = p.param("OPart", tl.PointerType(f32), "o_part")
-        l_part = p.param("LPart", tl.PointerType(f32), "lse_part")
+        if single:
+            out, lse = self.output_params(p)
+        else:
+            o_part = p.param("OPart", tl.PointerType(f32), "o_part")
+            l_part = p.param("LPart", tl.PointerType(f32), "lse_part")
         nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
         split_keys = p.param("SPLIT_KEYS", i32, "split_keys")
         block_m = p.param("BLOCK_M", i32, "block_m", constexpr=True)
@@ -189,8 +199,14 @@ class DecodeLowering(KernelLowering):
 
             carried = kb.loop(lo_s, hi_s, block_n, carried, step)
 
-        # The split's partial: normalised output and base-2 lse (-inf where it kept no key).
         m_i, l_i, acc = carried["m_i"], carried["l_i"], carried["acc"]
+        q_name = self.host_name(chains.q_arg)
+        grid = [f"{q_name}.shape[0] * {self.hkv}", "splits"]
+        if single:
+            self.finish(kb, p, (out, lse, nq), (m_i, l_i, acc), (b, b_off, h, qi, row_ok), offs_dv, (kb.row, kb.col))
+            p.block.add_op(tl.ReturnOp())
+            return KernelCall(self.kernel("attn_decode_single", p), p, grid, self.num_warps, self.num_stages)
+        # The split's partial: normalised output and base-2 lse (-inf where it kept no key).
         empty = kb.cmp("==", l_i, 0.0, hint="empty_row")
         l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
         part = kb.div(acc, kb.row(l_safe), hint="o_split")
@@ -199,8 +215,6 @@ class DecodeLowering(KernelLowering):
         kb.store(kb.add(o_part, kb.add(kb.row(kb.mul(slot, self.dvp)), kb.col(offs_dv))), part, kb.row(row_ok))
         kb.store(kb.add(l_part, slot), lse2, row_ok)
         p.block.add_op(tl.ReturnOp())
-        q_name = self.host_name(chains.q_arg)
-        grid = [f"{q_name}.shape[0] * {self.hkv}", "splits"]
         return KernelCall(self.kernel("attn_decode", p), p, grid, self.num_warps, self.num_stages)
 
     @staticmethod
@@ -319,9 +333,7 @@ class DecodeLowering(KernelLowering):
         kb = KernelBuilder(p, p.block)
         o_part = p.param("OPart", tl.PointerType(f32), "o_part")
         l_part = p.param("LPart", tl.PointerType(f32), "lse_part")
-        out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
-        out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
-        lse = p.param("Lse", tl.PointerType(f32), "lse")
+        out, lse = self.output_params(p)
         nq = p.param("NQ", i32, f"{self.host_name(chains.q_arg)}.shape[2]")
         n_splits = p.param("N_SPLITS", i32, "splits")
         block_m = p.param("BLOCK_M", i32, "block_m", constexpr=True)
@@ -354,7 +366,39 @@ class DecodeLowering(KernelLowering):
             return {"m_i": m_new, "l_i": l_new, "acc": acc}
 
         m_i, l_i, acc = kb.loop(0, n_splits, chunk, carried, merge, iv_name="s0").values()
-        sink_arg = chains.softmax.sink
+        self.finish(kb, p, (out, lse, nq), (m_i, l_i, acc), (b, b_off, h, qi, None), offs_dv, (_same, _same))
+        p.block.add_op(tl.ReturnOp())
+        q = self.host_name(chains.q_arg)
+        grid = [f"{q}.shape[0] * {self.hkv}", f"{self.group} * {q}.shape[2]"]
+        return KernelCall(self.kernel("attn_decode_combine", p), p, grid, 4, 1)
+
+    # ------------------------------------------------------------------ the output
+    def output_params(self, p: Params) -> tuple[TensorParam, SSAValue]:
+        """The output [B, Hq, Lq, Dv] (with its strides) and the lse [B, Hq, Lq] parameters."""
+        out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
+        out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
+        return out, p.param("Lse", tl.PointerType(f32), "lse")
+
+    def finish(
+        self,
+        kb: KernelBuilder,
+        p: Params,
+        dest: tuple[TensorParam, SSAValue, SSAValue],
+        state: tuple[SSAValue, SSAValue, SSAValue],
+        where: tuple[SSAValue, SSAValue, SSAValue, SSAValue, SSAValue | None],
+        offs_dv: SSAValue,
+        spread: tuple[Callable[[SSAValue], SSAValue], Callable[[SSAValue], SSAValue]],
+    ) -> None:
+        """The sink merged (counted once), the rows normalised, the output rows and their
+        natural-log lse written. `dest`: (out, lse, Lq); `state`: the base-2 (m, l, acc) of the
+        rows; `where`: (batch, batch as int64, query head, query index, rows in range or None);
+        `spread`: how a per-row value and a per-channel one broadcast over acc (a tile of rows:
+        [:, None] and [None, :]; the combine's one row: as they are)."""
+        out, lse, nq = dest
+        m_i, l_i, acc = state
+        b, b_off, h, qi, row_ok = where
+        row, col = spread
+        sink_arg = self.chains.softmax.sink
         if sink_arg is not None:
             sink = self.tensor(p, sink_arg)
             sk = kb.mul(
@@ -365,26 +409,27 @@ class DecodeLowering(KernelLowering):
             m_new = kb.maximum(m_i, sk, hint="m_sink")
             alpha = kb.unary(tl.Exp2Op, kb.sub(m_i, m_new))
             l_i = kb.add(kb.mul(l_i, alpha), kb.unary(tl.Exp2Op, kb.sub(sk, m_new)), hint="l_sink")
-            acc, m_i = kb.mul(acc, alpha), m_new
+            acc, m_i = kb.mul(acc, row(alpha)), m_new
         empty = kb.cmp("==", l_i, 0.0, hint="empty_row")
         l_safe = kb.where(empty, 1.0, l_i, hint="l_safe")
-        o = kb.cast(kb.div(acc, l_safe), self.dtype, hint="out")
+        o = kb.cast(kb.div(acc, row(l_safe)), self.dtype, hint="out")
         o_row = kb.add(kb.mul(kb.cast(h, i64), out.strides[1]), kb.mul(kb.cast(qi, i64), out.strides[2]), hint="o_row")
-        o_base = kb.add(kb.add(out.ptr, kb.mul(b_off, out.strides[0])), o_row)
-        o_ptr = kb.add(o_base, kb.mul(offs_dv, out.strides[3]), hint="o_ptr")
-        kb.store(o_ptr, o, kb.cmp("<", offs_dv, self.dv) if self.dvp != self.dv else None)
+        o_base = kb.add(kb.add(out.ptr, kb.mul(b_off, out.strides[0])), row(o_row))
+        o_ptr = kb.add(o_base, col(kb.mul(offs_dv, out.strides[3])), hint="o_ptr")
+        mask = None if row_ok is None else row(row_ok)
+        if self.dvp != self.dv:
+            dv_ok = col(kb.cmp("<", offs_dv, self.dv))
+            mask = dv_ok if mask is None else kb.and_(mask, dv_ok)
+        kb.store(o_ptr, o, mask)
         lse_v = kb.where(empty, NEG_INF, kb.mul(kb.add(m_i, kb.unary(tl.Log2Op, l_safe)), LN2), hint="lse")
         lse_row = kb.add(kb.mul(kb.add(kb.mul(kb.cast(b, i64), self.hq), kb.cast(h, i64)), nq), kb.cast(qi, i64))
-        kb.store(kb.add(lse, lse_row), lse_v)
-        p.block.add_op(tl.ReturnOp())
-        q = self.host_name(chains.q_arg)
-        grid = [f"{q}.shape[0] * {self.hkv}", f"{self.group} * {q}.shape[2]"]
-        return KernelCall(self.kernel("attn_decode_combine", p), p, grid, 4, 1)
+        kb.store(kb.add(lse, lse_row), lse_v, row_ok)
 
     # ------------------------------------------------------------------ the launcher
-    def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
+    def launcher(self, main: KernelCall, combine: KernelCall, single: KernelCall) -> tl.LauncherOp:
         """`launch(q, k, v, *extras, cache_seqlens[, page_table], *, lse=None)`: the splits, the
-        workspaces, the RoPE tables, both kernels; returns (out, lse)."""
+        RoPE tables, then `attn_decode_single` where the cost model gives one split, else the
+        workspaces, `attn_decode` and the combine; returns (out, lse)."""
         q = self.host_name(self.chains.q_arg)
         dev = f"{q}.device"
         rows = f"{q}.shape[0] * {self.hkv}"
@@ -400,18 +445,24 @@ class DecodeLowering(KernelLowering):
             tl.DecodeSplitsOp(
                 "splits", "split_keys", rows, self.length, self.block_n, c.waves, c.min_split_keys, c.splits, dev
             ),
-        ]
-        ops += [
             tl.HostAssignOp("block_m", self.rows),
-            tl.AllocOp("o_part", [f"{rows} * splits * block_m", str(self.dvp)], "torch.float32", dev),
-            tl.AllocOp("lse_part", [f"{rows} * splits * block_m"], "torch.float32", dev),
         ]
         for key, (values, magnitude) in self.qk.tables.items():
             ops.append(
                 tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, f"max({q}.shape[2], {self.length})", magnitude, dev)
             )
         ops += [tl.FreqTableOp(key, values, dev) for key, values in self.qk.freqs.items()]
-        ops += [call_op(k) for k in calls]
+        split = [
+            tl.AllocOp("o_part", [f"{rows} * splits * block_m", str(self.dvp)], "torch.float32", dev),
+            tl.AllocOp("lse_part", [f"{rows} * splits * block_m"], "torch.float32", dev),
+            call_op(main),
+            call_op(combine),
+        ]
+        ops.append(tl.HostIfOp("splits == 1", [call_op(single)], split))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         params = [*self.names, SEQLENS, *([PAGE_TABLE] if c.page_size else [])]
         return tl.LauncherOp("launch", params, ops)
+
+
+def _same(x: SSAValue) -> SSAValue:
+    return x

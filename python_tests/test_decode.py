@@ -165,6 +165,32 @@ def test_several_splits_combine():
     assert lse.shape == (2, 4, 2) and torch.isfinite(lse).all()
 
 
+def test_one_split_launches_the_single_kernel():
+    """Where the cost model gives one split, the launcher runs `attn_decode_single` alone (the
+    output and lse written directly, no workspaces, no combine): the same output and lse as
+    three splits merged by the combine kernel, sinks included."""
+    g = torch.Generator().manual_seed(6)
+    sinks = torch.randn(4, generator=g)
+    q = torch.randn(2, 4, 3, D, generator=g).half()
+    k = torch.randn(2, 2, 300, D, generator=g).half()
+    v = torch.randn(2, 2, 300, D, generator=g).half()
+    keys = variants.gpt_oss.cache_keys(k, torch.arange(300), sinks)
+    lens = torch.tensor([300, 70], dtype=torch.int32)
+    module = variants.gpt_oss.ir_module(q, k, v, sinks)
+    results = {}
+    for splits in (1, 3):
+        compiled = compile_module(module.clone(), sm=0, direction="decode", decode_splits=splits)
+        assert "if splits == 1:" in compiled.source and "_launch(attn_decode_single" in compiled.source
+        mod = load_source(compiled.source, _tmp(), interpret=True)
+        with interpreter_library():
+            results[splits] = mod.launch(q, keys, v, sinks, lens)
+    (o1, lse1), (o3, lse3) = results[1], results[3]
+    torch.testing.assert_close(o1, o3, rtol=0, atol=2e-3)
+    torch.testing.assert_close(lse1, lse3, rtol=0, atol=1e-4)
+    want = _expected(variants.gpt_oss, q, k, v, [300, 70], (sinks,))
+    torch.testing.assert_close(o1.double(), want, rtol=0, atol=2e-2)
+
+
 def _tmp():
     import tempfile
     from pathlib import Path

@@ -3,7 +3,8 @@
 // head; Q rotated at the queries' positions, K read as the cache holds it; keys past each
 // sequence's length never loaded; a paged cache read through its page table) and the combine
 // kernel `attn_decode_combine` (the splits' partials by their lse, the sink counted once),
-// launched with the cost model's split count.
+// launched with the cost model's split count; where that is one, `attn_decode_single` alone (the
+// same loop over the whole cache, the output and lse written directly, no workspaces).
 
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 decode=true}' | filecheck %s
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90 decode=true page-size=16}' | filecheck %s --check-prefix=PAGE16
@@ -24,11 +25,21 @@
 // CHECK:          %k_blk = tl.add
 // CHECK:      tl.kernel @attn_decode_combine(
 // CHECK:        %sink2 = tl.mul %sink
+// CHECK:      tl.kernel @attn_decode_single(
+// CHECK-SAME:   %Seqlens: !tl.ptr<i32>, %Out: !tl.ptr<f16>, {{.*}} %Lse: !tl.ptr<f32>, %NQ: i32, %SPLIT_KEYS: i32
+// CHECK:        tl.for
+// CHECK:        %sink2 = tl.mul %sink, {{.*}} : !tl.tile<f32>, f32 -> !tl.tile<f32>
+// CHECK:        %o_ptr = tl.add
 // CHECK:      tl.launcher "launch"(["q", "k", "v", "sinks", "cache_seqlens"])
 // CHECK:        tl.decode_splits "splits", "split_keys" rows "q.shape[0] * 2" length "k.shape[2]" block_n 128 waves 2 min_keys 256 fixed 0 device "q.device"
 // CHECK-NEXT:   tl.host_assign "block_m" = "max(16, 1 << (2 * q.shape[2] - 1).bit_length())"
-// CHECK:        tl.call "attn_decode" grid ["q.shape[0] * 2", "splits"]
-// CHECK-NEXT:   tl.call "attn_decode_combine" grid ["q.shape[0] * 2", "2 * q.shape[2]"]
+// CHECK:        tl.host_if "splits == 1" {
+// CHECK-NEXT:     tl.call "attn_decode_single" grid ["q.shape[0] * 2", "splits"]
+// CHECK-NEXT:   } else {
+// CHECK-NEXT:     tl.alloc "o_part"
+// CHECK-NEXT:     tl.alloc "lse_part"
+// CHECK-NEXT:     tl.call "attn_decode" grid ["q.shape[0] * 2", "splits"]
+// CHECK-NEXT:     tl.call "attn_decode_combine" grid ["q.shape[0] * 2", "2 * q.shape[2]"]
 
 // Pages smaller than a block of keys: a page per key, masked to the sequence's length.
 // PAGE16:      %pages = tl.load {{.*}} mask %kv_ok
