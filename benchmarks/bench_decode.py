@@ -2,7 +2,7 @@
 and flash backends and compiled flex_attention, one query token per sequence, Llama-3-8B heads
 (Hq 32, Hkv 8, D 128, bf16), every sequence at the full context.
 
-    python benchmarks/bench_decode.py --out DIR [--quick]
+    python benchmarks/bench_decode.py --out DIR [--quick | --cases 32x4096,128x4096] [--impls attnfuse,sdpa_cudnn]
     python benchmarks/bench_decode.py --out DIR --cpu-smoke      # no GPU: interpreter, tiny shapes
 
 Rows (JSON key `impl`):
@@ -161,11 +161,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--rep", type=int, default=100, help="do_bench_cudagraph repetitions, ms")
+    ap.add_argument("--cases", default=None, help="batch x context pairs, e.g. 32x4096,128x4096")
+    ap.add_argument("--impls", default=None, help="comma-separated rows to run (default: all)")
     args = ap.parse_args()
     smoke = args.cpu_smoke
     device = "cpu" if smoke else "cuda"
     dtype = torch.float16 if smoke else torch.bfloat16
     cases = [(2, 64)] if smoke else QUICK if args.quick else CASES
+    if args.cases and not smoke:
+        cases = [(int(b), int(n)) for b, n in (c.split("x") for c in args.cases.split(","))]
+    wanted = None if args.impls is None else set(args.impls.split(","))
     hq, hkv, d = (4, 2, 32) if smoke else (HQ, HKV, D)
     rows: list[dict[str, Any]] = []
     env = C.environment()
@@ -180,6 +185,8 @@ def main() -> None:
         backend = af.backend("interpret" if smoke else "triton")
         with backend, torch.no_grad():
             for impl, fn in implementations(q, k, v, seqlens, sink_logits, smoke).items():
+                if wanted is not None and impl not in wanted:
+                    continue
                 row: dict[str, Any] = {"impl": impl, "batch": b, "context": n}
                 try:
                     out = fn()
