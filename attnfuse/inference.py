@@ -179,13 +179,7 @@ def _check_append_inputs(
             f"append_kv: caches {list(k_cache.shape)} and {list(v_cache.shape)} ({where}) do not hold k "
             f"{list(k.shape)} and v {list(v.shape)} ([B, Hkv, L, D])"
         )
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise AttnFuseError(f"append_kv: cache_seqlens must be an int32 tensor [B], got {cache_seqlens!r:.80}")
-    if list(cache_seqlens.shape) != [b] or cache_seqlens.device != k.device:
-        raise AttnFuseError(
-            f"append_kv: cache_seqlens must have shape [B] = [{b}] on {k.device}, got {list(cache_seqlens.shape)} "
-            f"on {cache_seqlens.device}"
-        )
+    _check_lengths("append_kv", cache_seqlens, b, k.device)
     return k, k_cache, v_cache
 
 
@@ -241,18 +235,23 @@ def _check_decode_inputs(
         raise AttnFuseError(
             f"decode: q has {hq} heads, not a multiple of the cache's {hkv} KV heads (dim {head_dim} of {where})"
         )
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise AttnFuseError(f"decode: cache_seqlens must be an int32 tensor [B], got {cache_seqlens!r:.80}")
-    if list(cache_seqlens.shape) != [batch] or cache_seqlens.device != q.device:
-        raise AttnFuseError(
-            f"decode: cache_seqlens must have shape [B] = [{batch}] on {q.device}, got {list(cache_seqlens.shape)} "
-            f"on {cache_seqlens.device}"
-        )
+    _check_lengths("decode", cache_seqlens, batch, q.device)
     if not paged:
         if k_cache.shape[0] != batch:
             raise AttnFuseError(f"decode: k_cache has batch size {k_cache.shape[0]} but q has {batch} ({where})")
         return 0, k_cache.shape[kv_dim]
     return _check_paged(q, k_cache, page_table)
+
+
+def _check_lengths(call: str, cache_seqlens: object, batch: int, device: torch.device) -> None:
+    """cache_seqlens: an int32 (or int64) tensor [B] on the call's device."""
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise AttnFuseError(f"{call}: cache_seqlens must be an int32 tensor [B], got {cache_seqlens!r:.80}")
+    if list(cache_seqlens.shape) != [batch] or cache_seqlens.device != device:
+        raise AttnFuseError(
+            f"{call}: cache_seqlens must have shape [B] = [{batch}] on {device}, got {list(cache_seqlens.shape)} "
+            f"on {cache_seqlens.device}"
+        )
 
 
 def _check_paged(q: torch.Tensor, pool: torch.Tensor, page_table: object, call: str = "decode") -> tuple[int, int]:
