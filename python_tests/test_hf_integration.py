@@ -603,3 +603,23 @@ def test_other_caches_and_continuous_batching_refused(llama):
     config = transformers.GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
     with pytest.raises((ValueError, af.AttnFuseError), match="attnfuse"):
         patched.generate_batch([[5, 6, 7], [8, 9]], generation_config=config)
+
+
+def test_rotate_is_the_half_style_rope(llama):
+    """The keys a cache holds: x1 cos - x2 sin, x2 cos + x1 sin at each position, with the
+    kernels' frequencies, for shared [N] and per-row [B, N] positions."""
+    from attnfuse.integrations.transformers import _frequencies, layer_spec, rotate
+
+    _, patched = llama
+    spec = layer_spec(patched.config, patched.model.layers[0].self_attn, 0)
+    x = torch.randn(2, 2, 7, spec.head_dim, generator=torch.Generator().manual_seed(3))
+    freqs, magnitude = _frequencies(spec, x.device)
+    half = spec.head_dim // 2
+    for positions in (torch.arange(3, 10), torch.stack([torch.arange(7), torch.arange(20, 27)])):
+        angle = positions.float()[..., None] * freqs
+        cos, sin = angle.cos() * magnitude, angle.sin() * magnitude
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]
+        x1, x2 = x[..., :half], x[..., half:]
+        want = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        torch.testing.assert_close(rotate(spec, x, positions), want, rtol=1e-6, atol=1e-6)

@@ -183,10 +183,11 @@ _LAST_ANGLES: dict[tuple[LayerSpec, torch.device], tuple[torch.Tensor, int, torc
 
 
 def _cos_sin(spec: LayerSpec, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (float32, scaled) at `positions`, reused while the same positions tensor,
-    unchanged, comes back: every layer of one forward gets the model's one `position_ids`.
-    The entry holds the tensor itself, so a new tensor at a reused address is never a hit;
-    inside torch.compile nothing is kept."""
+    """The rotation's factors at `positions` over the whole head dim (float32, scaled):
+    [cos, cos] and [-sin, sin]. Reused while the same positions tensor, unchanged, comes back:
+    every layer of one forward gets the model's one `position_ids`. The entry holds the tensor
+    itself, so a new tensor at a reused address is never a hit; inside torch.compile nothing is
+    kept."""
     compiling = torch.compiler.is_compiling()
     last = None if compiling else _LAST_ANGLES.get((spec, device))
     if last is not None and last[0] is positions and last[1] == positions._version:
@@ -196,18 +197,19 @@ def _cos_sin(spec: LayerSpec, positions: torch.Tensor, device: torch.device) -> 
     if angle.dim() == 3:
         angle = angle[:, None]
     cos, sin = torch.cos(angle) * magnitude, torch.sin(angle) * magnitude
+    cos2, sin2 = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
     if not compiling:
-        _LAST_ANGLES[spec, device] = (positions, positions._version, cos, sin)
-    return cos, sin
+        _LAST_ANGLES[spec, device] = (positions, positions._version, cos2, sin2)
+    return cos2, sin2
 
 
 def rotate(spec: LayerSpec, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """x [B, H, N, D] rotated ("half" style) at `positions` ([B, N] or [N]) with the layer's
-    frequencies, computed in float32 and returned in x's dtype: the keys a cache holds."""
-    cos, sin = _cos_sin(spec, positions, x.device)
-    half = spec.head_dim // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    frequencies, computed in float32 and returned in x's dtype: the keys a cache holds. The
+    halves swapped by one roll, so that a rotation is five tensor ops."""
+    cos2, sin2 = _cos_sin(spec, positions, x.device)
+    xf = x.float()
+    return torch.addcmul(xf * cos2, xf.roll(spec.head_dim // 2, dims=-1), sin2).to(x.dtype)
 
 
 def _cached_keys(module: Any, spec: LayerSpec, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
