@@ -29,6 +29,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from attnfuse import dsl, launch, validation
+from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 from attnfuse.ir import get_func
 from attnfuse.reference import run_chain, run_reference
@@ -52,6 +53,19 @@ def _stand_in(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor of `shape` with `like`'s dtype and device that holds no memory (tracing and
     validation read only its attributes)."""
     return torch.empty((), dtype=like.dtype, device=like.device).expand(shape)
+
+
+def _refuse_blockwise_scales(call: str, chains: Any) -> None:
+    """The FP8 form's quantization takes its scales over blocks of a whole sequence's rows (or
+    the whole tensor); keys written a few at a time, or the last few queries alone, would be
+    scaled over other rows than the ordinary call's, so neither is defined for it yet."""
+    quantized = [op for op in chains.low_precision if isinstance(op, attn.QuantizeOp)]
+    if quantized:
+        raise AttnFuseError(
+            f"{call}: the variant quantizes with af.quantize_fp8, whose scales span blocks of a whole sequence's rows; "
+            f"{call} of the FP8 form is not supported (its quantization would cover other rows than the ordinary "
+            "call's)"
+        )
 
 
 # --------------------------------------------------------------------------- cache_keys
@@ -81,6 +95,7 @@ def cache_keys(variant: Variant, k: torch.Tensor, positions: torch.Tensor, *extr
     validation.check_extra_values(variant.arg_names[3:], k, full)
     trace = _trace_for_keys(variant, k, full)
     chains = analyse_trace(trace)
+    _refuse_blockwise_scales("cache_keys", chains)
     if not chains.k_chain:
         return k
     args = get_func(trace.module).body.block.args
@@ -370,6 +385,7 @@ def _prepare_decode(
     v_l = _stand_in(v_cache, (batch, hkv, capacity, v_cache.shape[3]))
     trace, full = variant._validated_trace(q, k_l, v_l, extras)
     validation.check_against_trace(trace, q, k_l, v_l, extras)
+    _refuse_blockwise_scales("decode", analyse_trace(trace))
     n_given = len(extras)
     tail = full[n_given:]
 

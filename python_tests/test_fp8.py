@@ -167,24 +167,35 @@ def test_blocks_and_rotation_against_an_extreme_outlier():
     assert errors["tensor+hadamard"] < errors["tensor"] / 2
 
 
-def test_cache_keys_apply_the_rotation_and_quantization():
-    """K's chain as a cache holds it: RoPE, then the rotation, then the e4m3 values."""
+def test_cache_keys_rotate_and_refuse_quantization():
+    """K's chain as a cache holds it: RoPE, then the rotation (position-wise, so keys may be
+    written a few at a time). A quantized K or q is refused by cache_keys and decode: their
+    scales span blocks of a whole sequence, which keys written in pieces, or the last queries
+    alone, do not cover."""
 
-    @af.variant
-    def fp8_rope(q, k, v):
-        q = af.quantize_fp8(af.hadamard(af.rope(q, theta=10000.0), seed=2), block=16)
-        k = af.quantize_fp8(af.hadamard(af.rope(k, theta=10000.0), seed=2), block=16)
-        return af.pv(af.softmax(af.qk(q, k)), v)
+    def make(quantize: bool) -> af.Variant:
+        def fp8_rope(q, k, v):
+            q = af.hadamard(af.rope(q, theta=10000.0), seed=2)
+            k = af.hadamard(af.rope(k, theta=10000.0), seed=2)
+            if quantize:
+                q, k = af.quantize_fp8(q, block=16), af.quantize_fp8(k, block=16)
+            return af.pv(af.softmax(af.qk(q, k)), v)
 
-    k = _qkv()[1].float()
+        return af.Variant(fp8_rope)
 
     @af.variant
     def rope_only(q, k, v):
         return af.pv(af.softmax(af.qk(af.rope(q, theta=10000.0), af.rope(k, theta=10000.0))), v)
 
-    rotated = rope_only.cache_keys(k, torch.arange(70)).double()
-    want = quantize_e4m3(rotated @ af.hadamard_matrix(D, seed=2), 16)
-    torch.testing.assert_close(fp8_rope.cache_keys(k, torch.arange(70)).double(), want, rtol=1e-6, atol=1e-6)
+    q, k, v = (t.float() for t in _qkv())
+    rotated = rope_only.cache_keys(k, torch.arange(70)).double() @ af.hadamard_matrix(D, seed=2)
+    torch.testing.assert_close(make(False).cache_keys(k, torch.arange(70)).double(), rotated, rtol=1e-6, atol=1e-6)
+    quantized = make(True)
+    with pytest.raises(af.AttnFuseError, match="cache_keys: the variant quantizes with af.quantize_fp8"):
+        quantized.cache_keys(k, torch.arange(70))
+    lens = torch.tensor([70, 12], dtype=torch.int32)
+    with af.backend("reference"), torch.no_grad(), pytest.raises(af.AttnFuseError, match="decode of the FP8 form"):
+        quantized.decode(q[:, :, -1:], k, v, lens)
 
 
 def test_ir_shows_the_ops():
