@@ -24,6 +24,8 @@ against the same model on PyTorch's attention backends, in one process.
   total time, less the prefill), AttnFuse against SDPA (the
   default backend choice) in the same configuration, and how many new tokens agree before the
   first that differs (random weights give near-ties, so bf16 rounding may flip a greedy choice).
+  `dynamic+compile`: the dynamic cache with the model's forward compiled by the caller
+  (`torch.compile(model.forward, dynamic=True)`; generate() compiles only static caches).
   Each configuration runs once untimed first (compilation, CUDA-graph capture).
 - `fidelity`: teacher forcing at prompt lengths 1024 and 8192: SDPA's greedy continuation (32
   tokens) fed one token at a time through each implementation with its own KV cache; per step,
@@ -288,7 +290,23 @@ INFER_CACHES: dict[str, dict[str, Any]] = {
     # transformers compiles the decoding steps against a static cache by itself (its default
     # CompileConfig: mode "reduce-overhead", CUDA graphs); the prefill stays uncompiled.
     "static+compile": {"cache_implementation": "static"},
+    # The dynamic cache with the model's forward compiled by the caller (dynamic shapes: the cache
+    # grows every step); generate() itself compiles only compileable (static) caches.
+    "dynamic+compile": {},
 }
+
+
+@contextlib.contextmanager
+def cache_setup(model: Any, cache: str, cpu_smoke: bool) -> Any:
+    """`model` set up for the rows of `cache`: for `dynamic+compile` its forward compiled (dynamic
+    shapes; aot_eager without a GPU), restored after."""
+    eager = model.forward
+    if cache == "dynamic+compile":
+        model.forward = torch.compile(eager, dynamic=True, backend="aot_eager" if cpu_smoke else "inductor")
+    try:
+        yield
+    finally:
+        model.forward = eager
 
 
 class FirstToken:
@@ -312,50 +330,58 @@ class FirstToken:
 def part_infer(args: argparse.Namespace, rows: list[dict]) -> None:
     dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
     cfg = TINY if args.cpu_smoke else LLAMA3_8B
-    new = 4 if args.cpu_smoke else 64
     model = make_model("llama", cfg, "sdpa", dtype, device).eval()
     outputs: dict[tuple[str, str, int], torch.Tensor] = {}
     for name in ["sdpa", "attnfuse"]:
         model = use(model, name)
         for cache in args.caches:
-            for p in args.prompts:
-                ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
-
-                def gen(streamer: Any = None, ids: torch.Tensor = ids, cache: str = cache, model: Any = model) -> Any:
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    with torch.no_grad():
-                        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                             streamer=streamer, **INFER_CACHES[cache])  # fmt: skip
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    return t0, out
-
-                gen()  # warm-up: compiles, for the same shapes as the timed runs
-                firsts = []
-                for _ in range(2):
-                    streamer = FirstToken(device)
-                    t0, _ = gen(streamer)
-                    firsts.append((streamer.at - t0) * 1e3)
-                prefill = min(firsts)
-                totals = []
-                for _ in range(3):
-                    t0, out = gen()
-                    totals.append((time.perf_counter() - t0) * 1e3)
-                total = statistics.median(totals)
-                outputs[(name, cache, p)] = out
-                same = None
-                if name == "attnfuse":  # greedy tokens identical to SDPA's, counted up to the first that differs
-                    differ = (out[0, p:] != outputs[("sdpa", cache, p)][0, p:]).nonzero()
-                    same = int(differ[0, 0]) if len(differ) else new
-                tok_s = (new - 1) / ((total - prefill) / 1e3)
-                rows.append({"part": "infer", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "prompt": p,
-                             "cache": cache, "impl": name, "prefill_ms": prefill, "decode_tok_s": tok_s,
-                             "same_tokens_as_sdpa": same})  # fmt: skip
-                C.log(str(rows[-1]))
+            with cache_setup(model, cache, args.cpu_smoke):
+                infer_rows(args, rows, model, name, cache, outputs)
     del model
     gc.collect()
+
+
+def infer_rows(args: argparse.Namespace, rows: list[dict], model: Any, name: str, cache: str, outputs: dict) -> None:
+    """The `infer` rows of one implementation and cache configuration, one per prompt length."""
+    device = "cpu" if args.cpu_smoke else "cuda"
+    cfg = TINY if args.cpu_smoke else LLAMA3_8B
+    new = 4 if args.cpu_smoke else 64
+    for p in args.prompts:
+        ids = torch.randint(0, cfg["vocab_size"], (1, p), generator=torch.Generator().manual_seed(p)).to(device)
+
+        def gen(streamer: Any = None, ids: torch.Tensor = ids, cache: str = cache, model: Any = model) -> Any:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                     streamer=streamer, **INFER_CACHES[cache])  # fmt: skip
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return t0, out
+
+        gen()  # warm-up: compiles, for the same shapes as the timed runs
+        firsts = []
+        for _ in range(2):
+            streamer = FirstToken(device)
+            t0, _ = gen(streamer)
+            firsts.append((streamer.at - t0) * 1e3)
+        prefill = min(firsts)
+        totals = []
+        for _ in range(3):
+            t0, out = gen()
+            totals.append((time.perf_counter() - t0) * 1e3)
+        total = statistics.median(totals)
+        outputs[(name, cache, p)] = out
+        same = None
+        if name == "attnfuse":  # greedy tokens identical to SDPA's, counted up to the first that differs
+            differ = (out[0, p:] != outputs[("sdpa", cache, p)][0, p:]).nonzero()
+            same = int(differ[0, 0]) if len(differ) else new
+        tok_s = (new - 1) / ((total - prefill) / 1e3)
+        rows.append({"part": "infer", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "prompt": p,
+                     "cache": cache, "impl": name, "prefill_ms": prefill, "decode_tok_s": tok_s,
+                     "same_tokens_as_sdpa": same})  # fmt: skip
+        C.log(str(rows[-1]))
 
 
 def part_fidelity(args: argparse.Namespace, rows: list[dict]) -> None:
