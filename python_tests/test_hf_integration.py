@@ -608,7 +608,8 @@ def test_other_caches_and_continuous_batching_refused(llama):
 def test_rotate_is_the_half_style_rope(llama):
     """The keys a cache holds: x1 cos - x2 sin, x2 cos + x1 sin at each position, with the
     kernels' frequencies, for shared [N] and per-row [B, N] positions."""
-    from attnfuse.integrations.transformers import _frequencies, layer_spec, rotate
+    from attnfuse.integrations.hf_rope import _frequencies
+    from attnfuse.integrations.transformers import layer_spec, rotate
 
     _, patched = llama
     spec = layer_spec(patched.config, patched.model.layers[0].self_attn, 0)
