@@ -121,6 +121,13 @@ def _any_requires_grad(tensors: Sequence[object]) -> bool:
     return any(t.requires_grad for t in tensors)  # type: ignore[attr-defined]
 
 
+def _refuse_forward_only(name: str, why: str) -> None:
+    """An AttnFuseError for a call that needs a gradient of a forward-only variant (`why`, from
+    `validation.forward_only`: "" when it has a backward)."""
+    if why:
+        raise AttnFuseError(f"{name}: {why}")
+
+
 def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequence[object]) -> bool:
     """Whether a call needs autograd: grad mode on and an input requiring grad."""
     return (
@@ -396,7 +403,9 @@ class Variant:
                 return run_reference(module, q, k, v, *tensors, compute_dtype=reference_dtype(q)).to(q.dtype)
 
         else:
+            forward_only = validation.forward_only(trace)
             if _needs_grad(q, k, v, full):  # before compiling anything
+                _refuse_forward_only(self.__name__, forward_only)
                 names = [n for n, x in zip(self.arg_names, (q, k, v, *full), strict=True) if _requires_grad(x)]
                 autograd.refuse_without_backward(mode == "interpret", names, self.__name__)
             interpret = mode == "interpret"
@@ -409,6 +418,7 @@ class Variant:
                     warn_if_slow(q, k)
                 if q.requires_grad or k.requires_grad or v.requires_grad or (tensors and _any_requires_grad(tensors)):
                     if torch.is_grad_enabled():
+                        _refuse_forward_only(self.__name__, forward_only)
                         return _differentiable(kernel_target, q, k, v, tensors)[0]
                 return launch_fn(q, k, v, *tensors, lse=lse_workspace(q))[0]
 

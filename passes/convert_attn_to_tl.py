@@ -15,7 +15,9 @@ kernels (`tl.kernel`), device functions (`tl.device_fn`) and launcher (`tl.launc
 - a forward compiled for decoding (`decode`): `decode_to_tl` (split-KV over a contiguous or
   paged KV cache, GQA packed, and a combine kernel);
 - a forward or backward over packed sequences (`varlen`): `varlen_to_tl` (the generic kernels,
-  their programs per sequence).
+  their programs per sequence);
+- a forward in the FP8 form (`fp8`): `fp8_to_tl` (quantization kernels, then the generic
+  forward on e4m3 tiles and their scales).
 
 A new kernel path (an sm90 backward, decode, FP8) is a module beside these with a class that
 lowers one function (`lower()` -> `launcher_to_tl.LoweredFunction`), and one entry in
@@ -38,9 +40,10 @@ from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_
 from attnfuse.passes.backward_to_tl import BackwardLowering
 from attnfuse.passes.decode_to_tl import DecodeLowering
 from attnfuse.passes.forward_to_tl import ForwardLowering
+from attnfuse.passes.fp8_to_tl import Fp8Lowering
 from attnfuse.passes.gluon_bwd_to_tl import GluonBackwardLowering
 from attnfuse.passes.gluon_to_tl import GluonLowering
-from attnfuse.passes.kernel_path import DECODE, GLUON, TRITON, VARLEN, checked_kernel_path
+from attnfuse.passes.kernel_path import DECODE, FP8, GLUON, TRITON, VARLEN, checked_kernel_path
 from attnfuse.passes.launcher_to_tl import LoweredFunction, arg_names
 from attnfuse.passes.varlen_to_tl import VarlenBackwardLowering, VarlenLowering
 
@@ -58,6 +61,7 @@ LOWERINGS: dict[tuple[str, str], PathLowering] = {
     (FORWARD, DECODE): lambda chains, names: DecodeLowering(chains, names).lower(),
     (FORWARD, VARLEN): lambda chains, names: VarlenLowering(chains, names).lower(),
     (BACKWARD, VARLEN): lambda chains, names: VarlenBackwardLowering(chains, names).lower(),
+    (FORWARD, FP8): lambda chains, names: Fp8Lowering(chains, names).lower(),
 }
 """The kernel paths, by (direction, kernel-path's path): where a new path registers."""
 

@@ -452,6 +452,7 @@ class DecodeLowering(KernelLowering):
                 tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, f"max({q}.shape[2], {self.length})", magnitude, dev)
             )
         ops += [tl.FreqTableOp(key, values, dev) for key, values in self.qk.freqs.items()]
+        ops += [tl.HadamardTableOp(key, self.d, seed, dev) for key, seed in self.qk.hadamards.items()]
         split = [
             tl.AllocOp("o_part", [f"{rows} * splits * block_m", str(self.dvp)], "torch.float32", dev),
             tl.AllocOp("lse_part", [f"{rows} * splits * block_m"], "torch.float32", dev),

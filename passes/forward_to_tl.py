@@ -27,14 +27,14 @@ loop's segments `kv_segments`'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import f32, i32, i64
 from xdsl.ir import Operation, SSAValue
 
 from attnfuse.dialects import tl
 from attnfuse.dialects.attn import LOG2E, Placement
-from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, ScoreCtx
+from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, QProgram, ScoreCtx
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
@@ -84,6 +84,8 @@ class QBlock:
     block_n: SSAValue
     lse_row0: SSAValue | None = None
     """The lse offset of the Q block's first row (None: batch x head x Nq + its row)."""
+    extra: dict[str, SSAValue] = field(default_factory=dict)
+    """What a kernel path's own steps read (`q_extras`), by name."""
 
 
 class ForwardLowering(KernelLowering):
@@ -112,6 +114,7 @@ class ForwardLowering(KernelLowering):
             "m_i": kb.full([qb.block_m], NEG_INF, f32, hint="m_i"),
             "l_i": kb.full([qb.block_m], 0.0, f32, hint="l_i"),
             "acc": kb.full([qb.block_m, pow2(self.dv)], 0.0, f32, hint="acc"),
+            **self.carried_extras(kb),
         }
         q_lo = kb.add(kb.mul(qb.pid_m, qb.block_m), qb.shift, hint="q_lo")
         q_hi = kb.minimum(kb.add(q_lo, self.block_m - 1), kb.sub(qb.nk, 1), hint="q_hi")
@@ -133,11 +136,7 @@ class ForwardLowering(KernelLowering):
 
     def prologue(self, kb: KernelBuilder, p: Params) -> QBlock:
         """The kernel's parameters, the program's Q block, batch and head, and the Q tile."""
-        chains = self.chains
-        q = self.tensor(p, chains.q_arg)
-        pre = self.k_placement == Placement.PREROTATE
-        k = self.tensor(p, chains.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
-        v = self.tensor(p, chains.v_arg)
+        q, k, v = self.qkv_params(p)
         out_ptr = p.param("Out", tl.PointerType(self.dtype), "out")
         out = TensorParam(out_ptr, [p.param(f"stride_o_{d}", i32, f"out.stride({d})") for d in range(4)])
         lse_ptr = p.param("Lse", tl.PointerType(f32), "lse")
@@ -164,28 +163,9 @@ class ForwardLowering(KernelLowering):
         )
 
         offs_d = kb.arange(self.dpad, hint="offs_d")
-        # Q: load, transform, cast once (the scale goes on the fp32 scores).
         q_bh = kb.add(kb.add(q.ptr, kb.mul(b_off, q.strides[0])), kb.mul(h_off, q.strides[1]))
         q_base = kb.add(q_bh, kb.mul(m_off, q.strides[2]), hint="q_base")
-
-        def load_q(chans: SSAValue, hint: str = "q") -> SSAValue:
-            return self.qk.load_tile(kb, q_base, rows_m, row_ok, q.strides[2], q.strides[3], chans, True, hint)
-
-        if chains.q_chain:
-            q_x = self.qk.transformed(
-                kb,
-                p,
-                chains.q_chain,
-                load_q,
-                self.positions(kb, p, chains.q_chain, q_pos, b_off, offs_m, row_ok),
-                row_ok,
-                True,
-                "q",
-                signed_pos=True,
-            )
-            q_tile = kb.cast(q_x, self.dtype, hint="q_tile")
-        else:
-            q_tile = load_q(offs_d, "q_tile")
+        q_tile = self.q_tile(kb, p, q, q_base, ids, offs_d)
 
         k_base = kb.add(kb.add(k.ptr, kb.mul(b_off, k.strides[0])), kb.mul(hk_off, k.strides[1]), hint="k_base")
         v_base = kb.add(kb.add(v.ptr, kb.mul(b_off, v.strides[0])), kb.mul(hk_off, v.strides[1]), hint="v_base")
@@ -228,7 +208,45 @@ class ForwardLowering(KernelLowering):
             block_m=block_m,
             block_n=block_n,
             lse_row0=ids.lse_row0,
+            extra=self.q_extras(kb, p, ids),
         )
+
+    def qkv_params(self, p: Params) -> tuple[TensorParam, TensorParam, TensorParam]:
+        """The tensors the kernel reads q, k and v from (K's transformed copy when it is pre-rotated)."""
+        chains = self.chains
+        pre = self.k_placement == Placement.PREROTATE
+        q = self.tensor(p, chains.q_arg)
+        k = self.tensor(p, chains.k_arg, key="k_rot" if pre else None, host="k_rot" if pre else None)
+        return q, k, self.tensor(p, chains.v_arg)
+
+    def q_tile(
+        self, kb: KernelBuilder, p: Params, q: TensorParam, q_base: SSAValue, ids: QProgram, offs_d: SSAValue
+    ) -> SSAValue:
+        """The Q tile the products read: loaded, transformed and cast once (the scale goes on
+        the fp32 scores)."""
+        chains = self.chains
+
+        def load_q(chans: SSAValue, hint: str = "q") -> SSAValue:
+            return self.qk.load_tile(kb, q_base, ids.rows_m, ids.row_ok, q.strides[2], q.strides[3], chans, True, hint)
+
+        if not chains.q_chain:
+            return load_q(offs_d, "q_tile")
+        q_x = self.qk.transformed(
+            kb,
+            p,
+            chains.q_chain,
+            load_q,
+            self.positions(kb, p, chains.q_chain, ids.q_pos, ids.b_off, ids.offs_m, ids.row_ok),
+            ids.row_ok,
+            True,
+            "q",
+            signed_pos=True,
+        )
+        return kb.cast(q_x, self.dtype, hint="q_tile")
+
+    def q_extras(self, kb: KernelBuilder, p: Params, ids: QProgram) -> dict[str, SSAValue]:
+        """Values a kernel path's KV steps read, built once in the prologue (none here)."""
+        return {}
 
     def kv_step(
         self, ib: KernelBuilder, p: Params, qb: QBlock, start_n: SSAValue, c: dict[str, SSAValue], masked: bool
@@ -239,7 +257,7 @@ class ForwardLowering(KernelLowering):
         offs_n = ib.add(start_n, rows_n, hint="offs_n")
         kv_ok = ib.cmp("<", offs_n, qb.nk, hint="kv_ok") if masked else None
         n_off = ib.cast(start_n, i64, hint="n_off")
-        k, v = qb.k, qb.v
+        k = qb.k
         k_blk = ib.add(qb.k_base, ib.mul(n_off, k.strides[2]), hint="k_blk")
 
         def load_k(chans: SSAValue) -> SSAValue:
@@ -251,7 +269,7 @@ class ForwardLowering(KernelLowering):
             k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
         else:
             k_tile = load_k(qb.offs_d)
-        s = self.scores(ib, ib.dot(qb.q_tile, k_tile, None, self.precision, hint="qk"))
+        s = self.scores(ib, self.product(ib, qb, k_tile, n_off, offs_n, kv_ok))
         kv_idx = ib.col(offs_n)
         if masked:
             assert kv_ok is not None
@@ -264,6 +282,42 @@ class ForwardLowering(KernelLowering):
         if masked:
             s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
         m_new, l_new, pr, acc_s = self.online_softmax(ib, s, c)
+        return {"m_i": m_new, "l_i": l_new, **self.pv(ib, qb, s, pr, acc_s, c, n_off, rows_n, offs_n, kv_ok, masked)}
+
+    def carried_extras(self, kb: KernelBuilder) -> dict[str, SSAValue]:
+        """Values a kernel path's KV steps carry besides m_i, l_i and acc, initialised (none here)."""
+        return {}
+
+    def product(
+        self,
+        ib: KernelBuilder,
+        qb: QBlock,
+        k_tile: SSAValue,
+        n_off: SSAValue,
+        offs_n: SSAValue,
+        kv_ok: SSAValue | None,
+    ) -> SSAValue:
+        """Q·Kᵀ of the block (keys `offs_n`, the first `n_off`), fp32."""
+        return ib.dot(qb.q_tile, k_tile, None, self.precision, hint="qk")
+
+    def pv(
+        self,
+        ib: KernelBuilder,
+        qb: QBlock,
+        s: SSAValue,
+        pr: SSAValue,
+        acc_s: SSAValue,
+        c: dict[str, SSAValue],
+        n_off: SSAValue,
+        rows_n: SSAValue,
+        offs_n: SSAValue,
+        kv_ok: SSAValue | None,
+        masked: bool,
+    ) -> dict[str, SSAValue]:
+        """The carried values P·V updates (`c`: the step's): `acc`, the accumulator `acc_s`
+        (rescaled) plus the block's P·V. The block's first key is `n_off` (int64), its keys
+        `offs_n`."""
+        v = qb.v
         v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
         v_ptr = ib.add(
             ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])),
@@ -275,8 +329,7 @@ class ForwardLowering(KernelLowering):
             vmask = ib.col(qb.dv_ok) if vmask is None else ib.and_(vmask, ib.col(qb.dv_ok))
         vv = ib.load(v_ptr, vmask, 0.0, hint="v")
         if not masked:
-            acc_n = ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")
-            return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
+            return {"acc": ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")}
         # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
         # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite
         # values are zeroed for the product, and the rows and channels that keep such a key
@@ -288,12 +341,11 @@ class ForwardLowering(KernelLowering):
         kept = ib.where(ib.cmp("!=", s, NEG_INF), 1.0, 0.0, hint="kept")
         v_bad = ib.where(v_ok, 0.0, 1.0, hint="v_bad")
         hits = ib.dot(ib.cast(kept, self.vdtype), ib.cast(v_bad, self.vdtype), None, self.precision, hint="v_bad_hits")
-        acc_n = ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")
-        return {"m_i": m_new, "l_i": l_new, "acc": acc_n}
+        return {"acc": ib.where(ib.cmp(">", hits, 0.0), NAN, acc_n, hint="acc_new")}
 
     def epilogue(self, kb: KernelBuilder, p: Params, qb: QBlock, carried: dict[str, SSAValue]) -> None:
         """Count the sink, normalise, store the output and the log-sum-exp."""
-        m_i, l_i, acc = carried["m_i"], carried["l_i"], carried["acc"]
+        m_i, l_i, acc = carried["m_i"], carried["l_i"], self.final_acc(kb, carried)
         sink_arg = self.chains.softmax.sink
         if sink_arg is not None:
             sink = self.tensor(p, sink_arg)
@@ -327,6 +379,10 @@ class ForwardLowering(KernelLowering):
         lse = kb.where(empty, NEG_INF, lse, hint="lse")
         lse_row = qb.lse_row0 if qb.lse_row0 is not None else kb.add(kb.mul(kb.cast(qb.pid_bh, i64), qb.nq), qb.m_off)
         kb.store(kb.add(kb.add(qb.lse, lse_row, hint="lse_base"), qb.rows_m), lse, qb.row_ok)
+
+    def final_acc(self, kb: KernelBuilder, carried: dict[str, SSAValue]) -> SSAValue:
+        """The accumulator of unnormalised outputs after the last KV step."""
+        return carried["acc"]
 
     # ------------------------------------------------------------------ the launcher
     def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, TensorType, f32, i32, i64
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
 from attnfuse.dialects import attn, tl
@@ -183,15 +183,21 @@ class KernelLowering:
         return self.names[value.index]
 
     def tensor(
-        self, p: Params, value: SSAValue, key: str | None = None, host: str | None = None, sizes: bool = False
+        self,
+        p: Params,
+        value: SSAValue,
+        key: str | None = None,
+        host: str | None = None,
+        sizes: bool = False,
+        element: Attribute | None = None,
     ) -> TensorParam:
-        """Pointer and strides of a function argument (or of `host`, a tensor like it), and
-        its sizes when `sizes` (to mask loads to its bounds)."""
+        """Pointer and strides of a function argument (or of `host`, a tensor like it, whose
+        elements may be `element`), and its sizes when `sizes` (to mask loads to its bounds)."""
         name = host or self.host_name(value)
         t = value.type
         assert isinstance(t, TensorType)
         key = key or name
-        ptr = p.param(key, tl.PointerType(t.get_element_type()), name)
+        ptr = p.param(key, tl.PointerType(element or t.get_element_type()), name)
         rank = len(t.get_shape())
         strides = [p.param(f"stride_{key}_{d}", i32, f"{name}.stride({d})") for d in range(rank)]
         dims = [p.param(f"size_{key}_{d}", i32, f"{name}.shape[{d}]") for d in range(rank)] if sizes else []
@@ -218,8 +224,8 @@ class KernelLowering:
         return kb.cast(kb.load(ptr, ok, 0, hint="pos"), i32)
 
     def rope_host_ops(self, device: str) -> list[Operation]:
-        """The launcher's RoPE tables (positions 0..max(Nq, Nk) - 1) and inverse-frequency
-        tensors (ropes at explicit positions) that the kernels read."""
+        """The launcher's RoPE tables (positions 0..max(Nq, Nk) - 1), inverse-frequency
+        tensors (ropes at explicit positions) and Hadamard matrices that the kernels read."""
         q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
         ops: list[Operation] = []
         for key, (values, magnitude) in self.qk.tables.items():
@@ -227,6 +233,7 @@ class KernelLowering:
             length = f"max({q}.shape[2], {k}.shape[2])"
             ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, device))
         ops += [tl.FreqTableOp(key, values, device) for key, values in self.qk.freqs.items()]
+        ops += [tl.HadamardTableOp(key, self.d, seed, device) for key, seed in self.qk.hadamards.items()]
         return ops
 
     # ------------------------------------------------------------------ score ops

@@ -35,6 +35,14 @@ of the cache and per block of keys (or the option's fixed `splits`).
 (`Variant.varlen`): the generic kernels, their programs per sequence, each sequence computed
 alone (`varlen_to_tl`).
 
+`fp8` (a forward in the FP8 form: q and k, and maybe v, end in attn.quantize): quantization
+kernels first, one per quantized operand (its transforms, then e4m3 values and one scale per
+block; a per-tensor scale takes a maxima kernel, the largest of them on the host, then the
+quantization), then the generic forward reading e4m3 tiles and their scales (`fp8_to_tl`).
+`mma = "e4m3"` on GPUs with FP8 tensor cores (sm 89 and up): the products take e4m3 operands
+(P rounded to e4m3 too, after scaling by 2^8); `mma = "f32"` elsewhere (the interpreter, whose
+e4m3 dot is wrong, and older GPUs): the same e4m3 values, multiplied in fp32.
+
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
 ask for all of dq, dk and dv).
@@ -97,6 +105,7 @@ GLUON = "gluon-sm90"
 TRITON = "triton"
 DECODE = "decode"
 VARLEN = "varlen"
+FP8 = "fp8"
 TanhMode = Literal["auto", "approx", "exact"]
 """kernel-path's `tanh` option (see the module docstring)."""
 GLUON_BLOCK = 128
@@ -174,7 +183,8 @@ def kernel_path(f: object) -> tuple[str, int]:
     """(path, min_len) recorded on a function by this pass; ("triton", 0) when absent."""
     attrs = getattr(f, "attributes", {})
     entry = attrs.get("attn.kernel_path")
-    if isinstance(entry, DictionaryAttr) and entry.data["path"] in (StringAttr(DECODE), StringAttr(VARLEN)):
+    own = (StringAttr(DECODE), StringAttr(VARLEN), StringAttr(FP8))
+    if isinstance(entry, DictionaryAttr) and entry.data["path"] in own:
         return entry.data["path"].data, 0  # type: ignore[attr-defined]
     if not isinstance(entry, DictionaryAttr) or entry.data["path"] != StringAttr(GLUON):
         return TRITON, 0
@@ -205,6 +215,12 @@ def decode_config(f: object) -> DecodeConfig:
     return DecodeConfig(get("page_size"), get("waves"), get("min_split_keys"), get("splits"))
 
 
+def multiplies_e4m3(f: object) -> bool:
+    """Whether this pass gave function `f`'s FP8 kernel e4m3 products (`mma = "e4m3"`)."""
+    entry = getattr(f, "attributes", {}).get("attn.kernel_path")
+    return isinstance(entry, DictionaryAttr) and entry.data.get("mma") == StringAttr("e4m3")
+
+
 def reduces_dq(f: object) -> bool:
     """Whether this pass gave function `f`'s Gluon backward dQ by TMA reduce-adds (`dq-reduce`)."""
     entry = getattr(f, "attributes", {}).get("attn.kernel_path")
@@ -222,13 +238,16 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     where = f"func @{f.sym_name.data}: attn.kernel_path"
     entry = f.attributes.get("attn.kernel_path")
     if entry is None:
-        return TRITON, 0
+        return _unmarked(v)
     path = entry.data.get("path") if isinstance(entry, DictionaryAttr) else None
-    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON, DECODE, VARLEN):
+    if not isinstance(path, StringAttr) or path.data not in (GLUON, TRITON, DECODE, VARLEN, FP8):
         raise DiagnosticException(
-            f'{where} must be a dictionary with path = "{GLUON}", "{TRITON}", "{DECODE}" or "{VARLEN}", got {entry}'
+            f'{where} must be a dictionary with path = "{GLUON}", "{TRITON}", "{DECODE}", "{VARLEN}" or "{FP8}", '
+            f"got {entry}"
         )
     assert isinstance(entry, DictionaryAttr)
+    if _checked_fp8(v, path.data, entry, where):
+        return FP8, 0
     _check_tanh(v, entry, sm, where)
     dq = entry.data.get("dq")
     if dq is not None and (dq != StringAttr("reduce") or not v.is_backward or path.data != GLUON):
@@ -252,12 +271,52 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     return GLUON, n
 
 
-def _check_lowerable(v: AttentionChains) -> None:
-    """Refuse what no kernel path lowers: the FP8 form's ops (the reference executor runs them)."""
-    if v.low_precision:
+def quantizes(v: AttentionChains) -> bool:
+    """Whether function `v` is in the FP8 form: an attn.quantize on q, k or v."""
+    return any(isinstance(op, attn.QuantizeOp) for op in v.low_precision)
+
+
+def _unmarked(v: AttentionChains) -> tuple[str, int]:
+    """The path of a function kernel-path has not marked: the generic kernel, unless it is in the
+    FP8 form (whose kernels kernel-path chooses)."""
+    if quantizes(v):
+        raise DiagnosticException(f"func @{v.func.sym_name.data} is in the FP8 form: run kernel-path first")
+    return TRITON, 0
+
+
+def _checked_fp8(v: AttentionChains, path: str, entry: DictionaryAttr, where: str) -> bool:
+    """Whether an entry's path is "fp8", checked: exactly the functions in the FP8 form take it."""
+    if (path == FP8) != quantizes(v):
         raise DiagnosticException(
-            f"@{v.func.sym_name.data}: {v.low_precision[0].name} (the FP8 form) has no kernel lowering yet; "
-            "run the variant with af.backend('reference')"
+            f'{where} says "{path}", but the function is {"" if quantizes(v) else "not "}in the FP8 form: '
+            f'the "{FP8}" path takes exactly the functions whose q and k end in attn.quantize'
+        )
+    if path == FP8:
+        fp8_refusal(v, entry, where)
+    return path == FP8
+
+
+def fp8_refusal(v: AttentionChains, entry: DictionaryAttr | None, where: str) -> None:
+    """Refuse what the `fp8` path cannot lower (a DiagnosticException naming it): a backward, q
+    and k not both quantized, a head dim that is not a power of two from 16 (32 for e4m3
+    products), an `mma` other than "e4m3" or "f32"."""
+    if v.is_backward:
+        raise DiagnosticException(f"{where}: the FP8 form is forward-only (inference); it has no backward")
+    q8, k8 = (bool(c) and isinstance(c[-1], attn.QuantizeOp) for c in (v.q_chain, v.k_chain))
+    if not (q8 and k8):
+        which = "q" if k8 else "k" if q8 else "q and k"
+        raise DiagnosticException(
+            f"{where}: the FP8 kernel multiplies e4m3 q by e4m3 k, but {which} is not quantized "
+            "(end both chains in attn.quantize, or run the variant with af.backend('reference'))"
+        )
+    mma = entry.data.get("mma") if entry is not None else StringAttr("e4m3")
+    if mma not in (StringAttr("e4m3"), StringAttr("f32")):
+        raise DiagnosticException(f'{where} mma must be "e4m3" or "f32", got {mma}')
+    least = 32 if mma == StringAttr("e4m3") else 16
+    dims = sorted({t.get_shape()[3] for t in (v.q_type, v.v_type)})
+    if any(d < least or d & (d - 1) for d in dims):
+        raise DiagnosticException(
+            f"{where}: the FP8 kernel takes head dims that are powers of two from {least}, got {dims}"
         )
 
 
@@ -307,7 +366,7 @@ class KernelPathPass(ModulePass):
     runs as the GPU's approximate instruction, and `dq = "reduce"` on a Gluon backward whose dQ
     is added up by TMA reduce-adds (`dq-reduce`). With `decode`: `{path = "decode", page_size,
     waves, min_split_keys, splits}` (the decode kernels and their split cost model); with
-    `varlen`: `{path = "varlen", reason}`."""
+    `varlen`: `{path = "varlen", reason}`; a forward in the FP8 form: `{path = "fp8", mma, reason}`."""
 
     name = "kernel-path"
 
@@ -367,7 +426,6 @@ class KernelPathPass(ModulePass):
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):
             chains = analyse(f)
-            _check_lowerable(chains)
             entry = self.entry(chains, sm, seq_len)
             f.attributes["attn.kernel_path"] = DictionaryAttr(entry)
 
@@ -389,8 +447,25 @@ class KernelPathPass(ModulePass):
             entry["tanh"] = StringAttr("approx")
         return entry
 
+    def fp8_entry(self, v: AttentionChains, sm: int) -> dict[str, Attribute]:
+        """The entries of a forward in the FP8 form: `{path = "fp8", mma}` (see the module docstring)."""
+        where = f"func @{v.func.sym_name.data}"
+        if self.decode or self.varlen:
+            raise DiagnosticException(
+                f"{where} is in the FP8 form, which has no {'decode' if self.decode else 'varlen'} kernel: "
+                "run it as a whole forward"
+            )
+        mma = "e4m3" if sm >= 89 else "f32"
+        entry: dict[str, Attribute] = {"path": StringAttr(FP8), "mma": StringAttr(mma)}
+        fp8_refusal(v, DictionaryAttr(entry), where)
+        reason = "e4m3 tensor cores" if mma == "e4m3" else f"sm {sm} has no e4m3 tensor cores (or is the interpreter)"
+        entry["reason"] = StringAttr(reason)
+        return entry
+
     def entry(self, v: AttentionChains, sm: int, seq_len: int) -> dict[str, Attribute]:
         """The `attn.kernel_path` entries of function `v` (see the class docstring)."""
+        if quantizes(v):
+            return self.fp8_entry(v, sm)
         if self.decode or self.varlen:
             return self.inference_entry(v, sm)
         transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward

@@ -19,6 +19,7 @@ from attnfuse.dialects.tl import RESERVED_NAMES, dtype_name
 from attnfuse.passes.tl_builder import Params
 
 HOST_NAMES = ("out", "lse", "k_rot", "q_rot", "dout", "delta", "dq", "dk", "dv", "dsink_part")
+HOST_NAMES += tuple(f"{x}{suffix}" for x in "qkv" for suffix in ("8", "_scale", "_amax", "_amax_all"))
 """Names the launchers give their own tensors (a variant argument named so is renamed)."""
 
 

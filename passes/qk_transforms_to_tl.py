@@ -1,4 +1,4 @@
-"""Q's and K's pre-matmul transforms (attn.rope, attn.norm, attn.scale) on tl tiles.
+"""Q's and K's pre-matmul transforms (attn.rope, attn.norm, attn.scale, attn.hadamard) on tl tiles.
 
 A q or k tile is [tokens, head dim] (or its transpose), padded to a power-of-two head
 dim with masked loads; the transforms run in fp32. RoPE needs no data movement between
@@ -7,15 +7,17 @@ second load of the same rows with each channel's pair partner, taken through the
 transforms. cos and sin are read from host-built [positions, rotary_dim / 2] tables
 (for theta and scaling; `tables` lists them for the launcher), or computed in the kernel
 from an inv_freq operand or, for a rope at explicit positions, from host-built inverse
-frequencies (`freqs`).
+frequencies (`freqs`). A Hadamard rotation is a product with its host-built [D, D] matrix
+(`hadamards` lists them), to about fp32's accuracy by two float16 products (`hadamard`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import f32
+from xdsl.dialects.builtin import f16, f32, i32
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -56,6 +58,8 @@ class QKTransforms:
     """The cos/sin tables the launcher builds: key -> (inv_freq, magnitude)."""
     freqs: dict[str, list[float]] = field(default_factory=dict)
     """The inverse-frequency tensors the launcher builds (ropes at explicit positions)."""
+    hadamards: dict[str, int] = field(default_factory=dict)
+    """The Hadamard matrices the launcher builds: key -> sign seed."""
 
     @property
     def dpad(self) -> int:
@@ -81,6 +85,35 @@ class QKTransforms:
         key = next((k for k, v in self.freqs.items() if v == values), f"rope_freq_{len(self.freqs)}")
         self.freqs[key] = values
         return p.param(key, tl.PointerType(f32), key), magnitude
+
+    def hadamard(self, kb: KernelBuilder, p: Params, op: attn.HadamardOp, x: SSAValue, tokens_first: bool) -> SSAValue:
+        """x @ M for a [tokens, D] tile (Mᵀ @ x for its transpose), M = diag(signs) H / sqrt(D)
+        attn.hadamard's matrix, to about fp32's accuracy: the signed tile, scaled per token by a
+        power of two into [-1, 1], is split into two float16 parts (hi + lo, 22 significant
+        bits) whose products with H (±1, exact in float16) add up in fp32."""
+        seed = op.seed.value.data
+        key = f"hadamard_{seed}"
+        self.hadamards[key] = seed
+        h_ptr = p.param(f"{key}_h", tl.PointerType(f16), f"{key}[0]")
+        s_ptr = p.param(f"{key}_s", tl.PointerType(f32), f"{key}[1]")
+        offs = kb.arange(self.dpad, hint="offs_h")  # D is a power of two (the verifier's rule)
+        h = kb.load(kb.add(h_ptr, kb.add(kb.mul(kb.row(offs), self.d), kb.col(offs))), hint="hadamard")
+        chan = kb.col if tokens_first else kb.row
+        xs = kb.mul(x, chan(kb.load(kb.add(s_ptr, offs), hint="signs")), hint="x_signed")
+        # A power of two at least each token's largest magnitude (2^(floor(log2 m) + 1): the cast
+        # to int truncates, so the logarithm is shifted positive first).
+        largest = kb.maximum(kb.reduce("max", kb.unary(tl.AbsOp, xs), 1 if tokens_first else 0), 2.0**-100)
+        e = kb.sub(kb.cast(kb.add(kb.unary(tl.Log2Op, largest), 128.0), i32), 127)
+        unit = kb.unary(tl.Exp2Op, kb.cast(e, f32), hint="x_unit")
+        tok = kb.row if tokens_first else kb.col
+        xn = kb.div(xs, tok(unit))
+        hi = kb.cast(xn, f16, hint="x_hi")
+        lo = kb.cast(kb.sub(xn, kb.cast(hi, f32)), f16, hint="x_lo")
+        if tokens_first:
+            y = kb.dot(hi, h, kb.dot(lo, h))
+        else:  # H is symmetric: Mᵀ x = H diag(signs) x / sqrt(D)
+            y = kb.dot(h, hi, kb.dot(h, lo))
+        return kb.mul(y, tok(kb.div(unit, math.sqrt(self.d))), hint="x_rotated")
 
     # ------------------------------------------------------------------ pre-matmul chains
     def channels(self, kb: KernelBuilder, layout: RopeLayout | None) -> tuple[SSAValue, SSAValue | None]:
@@ -139,7 +172,7 @@ class QKTransforms:
         prefix: str,
         signed_pos: bool = False,
     ) -> SSAValue:
-        """Load a q/k tile with `load(channels)` and apply rope/norm/scale in fp32.
+        """Load a q/k tile with `load(channels)` and apply rope/norm/scale/hadamard in fp32.
 
         Before a rope, the pair partners (a second, permuted load) go through the same
         ops, so the rotation needs no data movement between channels. `prefix` names the
@@ -177,6 +210,12 @@ class QKTransforms:
                 assert xp is not None and partner_d is not None and layout is not None
                 x = self.rotated(kb, p, op, layout, x, xp, offs_d, pos, tok_ok, tokens_first, prefix, signed_pos)
                 xp = None
+            elif isinstance(op, attn.HadamardOp):
+                if xp is not None:
+                    raise DiagnosticException(
+                        "attn.hadamard before attn.rope has no kernel lowering: rotate by RoPE first, then Hadamard"
+                    )
+                x = self.hadamard(kb, p, op, x, tokens_first)
             else:
                 raise DiagnosticException(f"'{op.name}' cannot transform q or k")
         return x

@@ -13,6 +13,7 @@ In a backward function (attn-autodiff's), Q's and K's transforms both run in
 pre-rotation kernels (`_place_backward` says why). So do K's for a function that
 kernel-path gave the sm90 Gluon kernel, which reads K through TMA (the Gluon launch
 pre-rotates Q too; the generic kernel beside it keeps Q's transforms in its prologue).
+In the FP8 form, every quantized operand's transforms run in its quantization kernel (`_place_fp8`).
 In a function kernel-path compiles for decoding, K's transforms are the cache's (`cache`):
 `Variant.cache_keys` applies them once when keys are written, and the decode kernel reads them so.
 """
@@ -31,7 +32,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
-from attnfuse.passes.kernel_path import DECODE, GLUON, VARLEN, kernel_path
+from attnfuse.passes.kernel_path import DECODE, FP8, GLUON, VARLEN, kernel_path
 
 RopeMode = Literal["auto", "fused", "prerotate"]
 
@@ -123,6 +124,27 @@ def _place_backward(f: func.FuncOp, v: AttentionChains) -> None:
     f.attributes["attn.rope_fusion"] = DictionaryAttr(placed)
 
 
+_PRE_REASONS = {
+    True: "the gluon-sm90 kernel reads K pre-rotated",
+    False: "a Hadamard rotation is a product: once per key",
+}
+"""Why K is pre-rotated whatever the costs: for the Gluon kernel (True), or for a Hadamard (False)."""
+
+
+def _place_fp8(f: func.FuncOp, v: AttentionChains) -> None:
+    """A function in the FP8 form transforms and quantizes each quantized operand in its own
+    kernel before the attention (which reads e4m3 values and their scales)."""
+    for x in v.q_chain + v.k_chain + v.v_chain:
+        x.attributes["placement"] = PlacementAttr(Placement.PREROTATE)
+    f.attributes["attn.rope_fusion"] = DictionaryAttr(
+        {
+            "q": StringAttr(Placement.PREROTATE.value),
+            "k": StringAttr(Placement.PREROTATE.value),
+            "reason": StringAttr("the FP8 form: quantization kernels"),
+        }
+    )
+
+
 @dataclass(frozen=True)
 class RopeFusionPass(ModulePass):
     """Place Q's transforms in the kernel prologue and choose, per the Rotation
@@ -160,7 +182,8 @@ class RopeFusionPass(ModulePass):
         causal = any(kind.causal_like for m in v.masks if (kind := attn.MASK_KINDS.get(m.kind.data)))
         fused_s, pre_s = rotation_costs(sm, seq_len, q_heads, kv_heads, v.k_type.get_shape()[3], causal)
         gluon = kernel_path(f)[0] == GLUON
-        placement = _k_placement(self.mode, gluon, fused_s, pre_s)
+        hadamard = any(isinstance(x, attn.HadamardOp) for x in v.k_chain)
+        placement = _k_placement(self.mode, gluon or hadamard, fused_s, pre_s)
         for k_op in v.k_chain:
             k_op.attributes["placement"] = PlacementAttr(placement)
         return DictionaryAttr(
@@ -170,7 +193,7 @@ class RopeFusionPass(ModulePass):
                 "seq_len": IntegerAttr(seq_len, i64),
                 "fused_us": FloatAttr(round(fused_s * 1e6, 3), f64),
                 "prerotate_us": FloatAttr(round(pre_s * 1e6, 3), f64),
-                **({"reason": StringAttr("the gluon-sm90 kernel reads K pre-rotated")} if gluon else {}),
+                **({"reason": StringAttr(_PRE_REASONS[gluon])} if gluon or hadamard else {}),
             }
         )
 
@@ -193,4 +216,7 @@ class RopeFusionPass(ModulePass):
             v.qk.attributes["score_scale"] = FloatAttr(score_scale, f64)
             if foldable:
                 v.qk.attributes["log2e_folded"] = UnitAttr()
+            if kernel_path(f)[0] == FP8:
+                _place_fp8(f, v)
+                continue
             f.attributes["attn.rope_fusion"] = self._place_k(f, v, sm, seq_len)

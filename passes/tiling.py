@@ -11,7 +11,7 @@ from xdsl.passes import ModulePass
 from attnfuse.dialects import attn
 from attnfuse.dialects.attn import Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains, analyse, check_sm, target_option, variant_funcs
-from attnfuse.passes.kernel_path import DECODE, kernel_path
+from attnfuse.passes.kernel_path import DECODE, FP8, kernel_path
 
 # (sm, head-dim bucket, variant class) -> (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Head-dim bucket: the padded head dim (<= 64, <= 128, <= 256). Variant class: `plain`
@@ -33,6 +33,10 @@ from attnfuse.passes.kernel_path import DECODE, kernel_path
 # lent H200 (2026-12-02, benchmarks/results/h200/run_2026-12-02_decode/sweep_decode.md: BN 64, 4 warps,
 # 2 stages fastest or within 1% at batch 8 to 128, 4% below BN 64 / 3 stages at 1 x 4k); the others
 # are unmeasured defaults.
+# Class `fp8` (kernel-path's FP8 path, e4m3 products): at head dim 128 the fastest of four tilings
+# on the lent H200 (2026-12-02, benchmarks/results/h200/run_2026-12-02_fp8/: 64 x 128, 4 warps,
+# 3 stages, 1.10-1.15x 128 x 64 / 8 warps at N = 4096-16384, though it spills 324 bytes); head
+# dim 64 is unmeasured (128 x 64, 8 warps: no spills); elsewhere the class falls back to `plain`.
 # Class `bwd` (a backward function): BLOCK_M is the rows each program owns (queries in the
 # dQ kernel, keys in the dK/dV kernel) and BLOCK_N the rows of each step of its loop. The
 # sm90 entries for head dims 64 and 128 are the winners of the 16-configuration sweep on the
@@ -66,6 +70,8 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
     (0, 64, "decode"): (16, 32, 4, 1),
     (0, 128, "decode"): (16, 32, 4, 1),
     (0, 256, "decode"): (16, 32, 4, 1),
+    (90, 64, "fp8"): (128, 64, 8, 3),
+    (90, 128, "fp8"): (64, 128, 4, 3),
     (0, 64, "plain"): (32, 32, 4, 1),
     (0, 128, "plain"): (32, 32, 4, 1),
     (0, 256, "plain"): (32, 32, 4, 1),
@@ -75,6 +81,8 @@ TILING_TABLE: dict[tuple[int, int, str], tuple[int, int, int, int]] = {
 def variant_class(v: AttentionChains) -> str:
     if kernel_path(v.func)[0] == DECODE:
         return "decode"
+    if kernel_path(v.func)[0] == FP8:
+        return "fp8"
     if v.is_backward:
         return "bwd"
     if any(op.attributes.get("placement") == PlacementAttr(Placement.KV_LOOP) for op in v.k_chain):

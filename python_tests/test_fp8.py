@@ -1,7 +1,7 @@
 """The FP8 form's blocks (issue 24, first part): `af.hadamard` and `af.quantize_fp8`, their ops'
 semantics in the reference executor against independent formulas, and their errors: a Hadamard
 on q without the same on k, a head dim that is not a power of two, transforms after the
-quantization, a backward, a kernel backend (no kernel lowering yet)."""
+quantization, a backward (the kernels: test_fp8_kernel.py)."""
 
 from __future__ import annotations
 
@@ -230,10 +230,7 @@ def test_blocks_refuse_what_does_not_compose():
         _variant(1, None)(q96, k96, k96)
 
 
-def test_forward_only_and_no_kernels_yet():
+def test_forward_only():
     q, k, v = (t.float() for t in _qkv(n=8))
-    var = _variant(1, 8)
     with af.backend("reference"), pytest.raises(af.AttnFuseError, match="forward-only .* requires grad"):
-        var(q.requires_grad_(), k, v)
-    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="has no kernel lowering yet"):
-        var(q.detach().half(), k.half(), v.half())
+        _variant(1, 8)(q.requires_grad_(), k, v)

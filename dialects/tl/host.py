@@ -165,6 +165,35 @@ class FreqTableOp(_HostOp):
 
 
 @irdl_op_definition
+class HadamardTableOp(_HostOp):
+    """`var = _hadamard_table(d, seed, device)`: the parts of attn.hadamard's orthogonal matrix
+    M = diag(signs) H / sqrt(d) for head dim `d` and sign seed `seed`: `var[0]`, H (float16
+    [d, d] of ±1), and `var[1]`, the signs (float32 [d]); built once per device."""
+
+    name = "tl.hadamard_table"
+    var = prop_def(StringAttr)
+    d = prop_def(IntegerAttr[I64])
+    seed = prop_def(IntegerAttr[I64])
+    device = prop_def(StringAttr)
+    assembly_format = "$var `d` $d `seed` $seed `device` $device attr-dict"
+
+    def __init__(self, var: str, d: int, seed: int, device: str):
+        super().__init__(
+            properties={
+                "var": StringAttr(var),
+                "d": IntegerAttr(d, i64),
+                "seed": IntegerAttr(seed, i64),
+                "device": StringAttr(device),
+            }
+        )
+
+    def verify_(self) -> None:
+        d = self.d.value.data
+        if d < 1 or d & (d - 1) or self.seed.value.data < 0:
+            raise VerifyException(f"tl.hadamard_table needs a power-of-two d and a seed >= 0, got d={d}")
+
+
+@irdl_op_definition
 class CallOp(_HostOp):
     """`kernel[grid](*args, num_warps=..., num_stages=...)`: one kernel launch.
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -120,7 +121,9 @@ values and launcher parameters must not take them."""
 
 
 def dtype_name(t: Attribute, prefix: str = "tl") -> str:
-    """`tl.float16` etc. for a scalar type."""
+    """`tl.float16` etc. for a scalar type (`torch.` names with prefix "torch")."""
+    if isinstance(t, Float8E4M3FNType):
+        return "torch.float8_e4m3fn" if prefix == "torch" else f"{prefix}.float8e4nv"
     names = {
         Float16Type: "float16",
         BFloat16Type: "bfloat16",

@@ -5,6 +5,7 @@ function calls.
   pre-rotation kernel, built once per table, device and length bucket (`_TABLES`);
 - `_freq_table(key, inv_freq, device)`: the inverse frequencies themselves, for kernels that
   rotate at explicit positions;
+- `_hadamard_table(d, seed, device)`: attn.hadamard's matrix, built once per device;
 - `_kept(make, device)`: tensors those caches keep, allocated outside CUDA-graph memory pools;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
   compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`);
@@ -54,6 +55,23 @@ def _freq_table(key, inv_freq, device):
     t = _TABLES.get((key, device))
     if t is None:
         t = _TABLES[(key, device)] = _kept(lambda: torch.tensor(inv_freq, dtype=torch.float32, device=device), device)
+    return t
+
+
+def _hadamard_table(d, seed, device):
+    """attn.hadamard's matrix M = diag(signs) H / sqrt(d) (x @ M) as its parts, built once per
+    device: H, Sylvester's Hadamard matrix (float16 [d, d] of ±1, exact), and the signs drawn from
+    torch's CPU generator seeded with seed (float32 [d]), as `attnfuse.low_precision`'s."""
+    t = _TABLES.get(("hadamard", d, seed, device))
+    if t is None:
+        signs = torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(seed)) * 2 - 1
+        h = torch.ones(1, 1)
+        while h.shape[0] < d:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        t = _TABLES[("hadamard", d, seed, device)] = _kept(lambda: (
+            h.to(device=device, dtype=torch.float16).contiguous(),
+            signs.to(device=device, dtype=torch.float32).contiguous(),
+        ), device)
     return t
 
 

@@ -406,6 +406,8 @@ class TritonPrinter:
                 case tl.FreqTableOp():
                     values = ", ".join(repr(float(v.value.data)) for v in h.values)
                     self.line(f"{h.var.data} = _freq_table({h.var.data!r}, [{values}], {h.device.data})")
+                case tl.HadamardTableOp():
+                    self.line(f"{h.var.data} = _hadamard_table({h.d.value.data}, {h.seed.value.data}, {h.device.data})")
                 case tl.HostSumOp():
                     dims = ", ".join(str(d.value.data) for d in h.dims)
                     self.line(f"{h.var.data} = {h.source.data}.sum(({dims},)).to({h.dtype.data})")

@@ -233,3 +233,11 @@ tl.launcher "launch"(["q", "k"]) {
   tl.decode_splits "splits", "keys" rows "q.shape[0]" length "k.shape[2]" block_n 64 waves 2 min_keys 256 fixed -1 device "q.device"
 }
 // CHECK: tl.decode_splits fixed must be >= 0 (0: the cost model)
+
+// -----
+
+// A Hadamard matrix needs a power-of-two size.
+tl.launcher "launch"(["q"]) {
+  tl.hadamard_table "h" d 96 seed 0 device "q.device"
+}
+// CHECK: tl.hadamard_table needs a power-of-two d and a seed >= 0, got d=96

@@ -83,6 +83,7 @@ tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
   tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
   tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
+  tl.hadamard_table "t_had" d 64 seed 3 device "x.device"
   tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
   tl.decode_splits "splits", "split_keys" rows "x.shape[0] * 2" length "ids.shape[1] * 16" block_n 64 waves 2 min_keys 256 fixed 0 device "x.device"
@@ -177,6 +178,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
 // CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
 // CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
+// CHECK-NEXT:     tl.hadamard_table "t_had" d 64 seed 3 device "x.device"
 // CHECK-NEXT:     tl.call "all_ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     tl.host_sum "total" = "out" dims [0 : i64] dtype "torch.float32"
 // CHECK-NEXT:     tl.decode_splits "splits", "split_keys" rows "x.shape[0] * 2" length "ids.shape[1] * 16" block_n 64 waves 2 min_keys 256 fixed 0 device "x.device"

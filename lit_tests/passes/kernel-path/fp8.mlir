@@ -1,22 +1,33 @@
-// The FP8 form (attn.hadamard, attn.quantize) has no kernel lowering yet: kernel-path refuses it
-// with one diagnostic naming the op, and attn-autodiff refuses its backward (the form is
-// forward-only); the reference executor runs it.
+// The FP8 form (q and k end in attn.quantize) takes the `fp8` path: e4m3 products where the GPU
+// has FP8 tensor cores (sm 89 and up), the same e4m3 values multiplied in fp32 elsewhere (the
+// interpreter). rope-fusion then places every transform of a quantized operand in its
+// quantization kernel. What the path does not take is one diagnostic naming it; attn-autodiff
+// refuses the form's backward.
 
-// RUN: not attnfuse-opt %s -p 'kernel-path{sm=90}' 2>&1 | filecheck %s --check-prefix=PATH
-// PATH-NOT: Traceback
-// PATH:     attnfuse-opt: error: @fp8: attn.hadamard (the FP8 form) has no kernel lowering yet; run the variant with af.backend('reference')
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90},rope-fusion' | filecheck %s --check-prefix=SM90
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=0}' | filecheck %s --check-prefix=INTERP
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80}' | filecheck %s --check-prefix=INTERP
+// RUN: not attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 decode=true}' 2>&1 | filecheck %s --check-prefix=DECODE
+// RUN: not attnfuse-opt %s --split-input-file -p 'attn-autodiff' 2>&1 | filecheck %s --check-prefix=GRAD
 
-// RUN: not attnfuse-opt %s -p 'attn-autodiff' 2>&1 | filecheck %s --check-prefix=GRAD
-// GRAD-NOT: Traceback
-// GRAD:     attnfuse-opt: error: attn-autodiff: @fp8 is in the FP8 form (attn.hadamard), which is forward-only (inference): it has no backward
+// SM90:      func.func @fp8
+// SM90-SAME:   attn.kernel_path = {path = "fp8", mma = "e4m3", reason = "e4m3 tensor cores"}
+// SM90-SAME:   attn.rope_fusion = {q = "prerotate", k = "prerotate", reason = "the FP8 form: quantization kernels"}
+// SM90:        attn.hadamard %q seed = 1 {placement = #attn.placement<prerotate>}
+// SM90:        attn.quantize %v e4m3 block = 0 {placement = #attn.placement<prerotate>}
+// INTERP:    attn.kernel_path = {path = "fp8", mma = "f32", reason = "sm {{0|80}} has no e4m3 tensor cores (or is the interpreter)"}
+// DECODE:    error: func @fp8 is in the FP8 form, which has no decode kernel: run it as a whole forward
+// GRAD-NOT:  Traceback
+// GRAD:      error: attn-autodiff: @fp8 is in the FP8 form (attn.hadamard), which is forward-only (inference): it has no backward
 
 func.func @fp8(%q: tensor<?x8x?x64xbf16>, %k: tensor<?x2x?x64xbf16>, %v: tensor<?x2x?x64xbf16>) -> tensor<?x8x?x64xbf16> {
   %qh = attn.hadamard %q seed = 1 : tensor<?x8x?x64xbf16>
   %q8 = attn.quantize %qh e4m3 block = 64 : tensor<?x8x?x64xbf16>
   %kh = attn.hadamard %k seed = 1 : tensor<?x2x?x64xbf16>
   %k8 = attn.quantize %kh e4m3 block = 64 : tensor<?x2x?x64xbf16>
+  %v8 = attn.quantize %v e4m3 block = 0 : tensor<?x2x?x64xbf16>
   %s = attn.qk %q8, %k8 : tensor<?x8x?x64xbf16>, tensor<?x2x?x64xbf16> -> !attn.scores<8>
   %p = attn.softmax %s : !attn.scores<8> -> !attn.probs<8>
-  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x64xbf16> -> tensor<?x8x?x64xbf16>
+  %o = attn.pv %p, %v8 : !attn.probs<8>, tensor<?x2x?x64xbf16> -> tensor<?x8x?x64xbf16>
   func.return %o : tensor<?x8x?x64xbf16>
 }

@@ -31,7 +31,7 @@ func.func @d32(%q: tensor<?x2x?x32xbf16>, %k: tensor<?x2x?x32xbf16>, %v: tensor<
 // -----
 
 // A path the compiler does not know.
-// CHECK:  func @unknown: attn.kernel_path must be a dictionary with path = "gluon-sm90", "triton", "decode" or "varlen", got {path = "cuda"}
+// CHECK:  func @unknown: attn.kernel_path must be a dictionary with path = "gluon-sm90", "triton", "decode", "varlen" or "fp8", got {path = "cuda"}
 func.func @unknown(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> attributes {attn.kernel_path = {path = "cuda"}, attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>
   %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
