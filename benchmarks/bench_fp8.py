@@ -10,8 +10,10 @@ Llama-3-8B's attention shape (B 1, Hq 32, Hkv 8, D 128), causal, bf16 inputs and
 - `bf16 RoPE`: RoPE then causal attention, AttnFuse's bf16 forward;
 - `fp8`: q, k and v quantized to e4m3 per block of `--block` rows (`af.quantize_fp8`), the whole
   call: a quantization kernel per operand, then the attention kernel;
-- `fp8 attention kernel alone`: that call's attention kernel, launched alone on the e4m3 tensors
-  and scales the call made (the FP8 kernel a user with pre-quantized inputs would run);
+- `fp8 attention kernel alone`: that call's attention kernel (the sm90 Gluon kernel where
+  kernel-path chose it), launched alone on the e4m3 tensors and scales the call made (the FP8
+  kernel a user with pre-quantized inputs would run);
+- `fp8, generic kernel (gluon=false)`: the `fp8` call with the generic FP8 kernel;
 - `fp8 + RoPE + Hadamard (fused)`: q and k rotated by RoPE then a Hadamard rotation, then
   quantized, in the quantization kernels (and `fp8 + RoPE`, `fp8 + Hadamard`: one of the two);
 - `separate: RoPE, Hadamard, fp8`: the same by separate kernels: RoPE compiled by torch.compile
@@ -94,18 +96,25 @@ def separate(block: int, n: int, d: int, device: str) -> Any:
 
 def kernel_alone(variant: af.Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
     """A call of `variant`'s attention kernel alone, on the e4m3 tensors and scales one whole call
-    made (its launcher's last launch, recorded)."""
+    made (its launcher's last launch, generic or Gluon, recorded)."""
     kernel = variant.compile(q, k, v)
     module = kernel._loaded.module
-    launches: list[tuple[Any, ...]] = []
-    real = module._launch
-    module._launch = lambda *a: (launches.append(a), real(*a))[1]
+    launches: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    names = [n for n in ("_launch", "_gluon_attention") if hasattr(module, n)]
+    real = {n: getattr(module, n) for n in names}
+
+    def recorder(fn: Any) -> Any:
+        return lambda *a, **kw: (launches.append((fn, a, kw)), fn(*a, **kw))[1]
+
+    for n in names:
+        setattr(module, n, recorder(real[n]))
     try:
         kernel.launch(q, k, v)
     finally:
-        module._launch = real
-    last = launches[-1]
-    return lambda: real(*last)
+        for n in names:
+            setattr(module, n, real[n])
+    fn, args, kwargs = launches[-1]
+    return lambda: fn(*args, **kwargs)
 
 
 def tiled(
@@ -115,6 +124,7 @@ def tiled(
     v: torch.Tensor,
     tiles: tuple[int, ...] = (),
     quantize: tuple[int, int] | None = None,
+    gluon: bool = True,
 ) -> Any:
     """`variant`'s call compiled with the tiling `tiles` (BLOCK_M, BLOCK_N, warps, stages), and its
     quantization kernels with `quantize` (rows transformed at a time, warps; a probe: it sets
@@ -122,7 +132,8 @@ def tiled(
     from attnfuse.compiler import compile_module
     from attnfuse.passes import fp8_to_tl
 
-    options = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=False))
+    options: dict[str, Any] = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), tiles, strict=False))
+    options["gluon"] = gluon
     sm = torch.cuda.get_device_capability()[0] * 10 if q.is_cuda else 0
     saved = fp8_to_tl.TILE_ROWS, fp8_to_tl.QUANTIZE_WARPS
     if quantize is not None:
@@ -162,6 +173,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "bf16 RoPE": (call("bf16_rope"), None),
                 "fp8": (call("fp8"), ref),
                 "fp8 attention kernel alone": (kernel_alone(vs["fp8"], q, k, v), None),
+                "fp8, generic kernel (gluon=false)": (tiled(vs["fp8"], q, k, v, gluon=False), ref),
                 "fp8 + RoPE (fused)": (call("fp8_rope"), ref_rope),
                 "fp8 + Hadamard (fused)": (call("fp8_hadamard"), ref),
                 "fp8 + RoPE + Hadamard (fused)": (call("fp8_fused"), ref_rope),

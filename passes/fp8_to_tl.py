@@ -17,7 +17,9 @@ each row's and key's scale gathered by its block. With a quantized V, P·V takes
 key's V scale relative to the block's largest (P stays in [0, 1]) times 2^8 (e4m3's normal
 range), rounded to e4m3; the product is multiplied back by that largest scale / 2^8. With
 kernel-path's `mma = "f32"` the same e4m3 values are multiplied in fp32 (the interpreter, whose
-e4m3 dot is wrong, and GPUs without FP8 tensor cores).
+e4m3 dot is wrong, and GPUs without FP8 tensor cores). Where kernel-path chose the sm90 Gluon
+kernel (`kernel = "gluon-sm90"`), the launcher runs it on the e4m3 tensors and scales for the
+calls it covers (`main_launch`), with the same arithmetic (P through shared memory).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from attnfuse.dialects.attn import E4M3_MAX
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.forward_to_tl import ForwardLowering, QBlock
 from attnfuse.passes.kernel_lowering import QProgram
-from attnfuse.passes.kernel_path import multiplies_e4m3
+from attnfuse.passes.kernel_path import fp8_gluon_min_len, multiplies_e4m3
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
@@ -309,14 +311,38 @@ class Fp8Lowering(ForwardLowering):
         for qz in self.quantized.values():
             ops += self.quantized_allocs(qz)
         ops += self.rope_host_ops(f"{q}.device")
-        for c in calls:
+        for c in calls[:-1]:
             ops.append(call_op(c))
             callee = c.kernel.sym_name.data
             if callee.startswith("amax_"):
                 w = callee.removeprefix("amax_")
                 ops.append(tl.HostAssignOp(f"{w}_amax_all", f"{w}_amax.amax(0, keepdim=True)"))
+        ops.append(self.main_launch(call_op(calls[-1])))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.launcher_params(), ops)
+
+    def main_launch(self, generic: tl.CallOp) -> Operation:
+        """The attention kernel's launch: where kernel-path chose the sm90 Gluon kernel, `if
+        _gluon_fits(...)` it on the e4m3 tensors and their scales, else the generic kernel."""
+        min_len = fp8_gluon_min_len(self.chains.func)
+        if min_len is None:
+            return generic
+        chains = self.chains
+        q, k, v = (self.host_name(a) for a in (chains.q_arg, chains.k_arg, chains.v_arg))
+        sink = self.host_name(chains.softmax.sink) if chains.softmax.sink is not None else None
+        blocks = (str(self.quantized["q"].block), str(self.quantized["k"].block))
+        gluon = tl.GluonAttentionOp(
+            "q8",
+            "k8",
+            "v8",
+            "out",
+            "lse",
+            chains.qk.effective_scale,
+            bool(chains.masks),
+            sink,
+            fp8=("q_scale", "k_scale", "v_scale", *blocks),
+        )
+        return tl.HostIfOp(f"_gluon_fits({q}, {k}, {v}, {min_len})", [gluon], [generic])
 
     def quantized_allocs(self, qz: Quantized) -> list[Operation]:
         """An operand's e4m3 copy (V's channel-major, seen through a transposed view), its scales

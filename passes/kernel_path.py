@@ -41,7 +41,12 @@ block; a per-tensor scale takes a maxima kernel, the largest of them on the host
 quantization), then the generic forward reading e4m3 tiles and their scales (`fp8_to_tl`).
 `mma = "e4m3"` on GPUs with FP8 tensor cores (sm 89 and up): the products take e4m3 operands
 (P rounded to e4m3 too, after scaling by 2^8); `mma = "f32"` elsewhere (the interpreter, whose
-e4m3 dot is wrong, and older GPUs): the same e4m3 values, multiplied in fp32.
+e4m3 dot is wrong, and older GPUs): the same e4m3 values multiplied in fp32. On sm 90,
+`kernel = "gluon-sm90"` with its `min_len`: the attention kernel is the sm90 Gluon kernel on
+e4m3 tiles (`gluon_sm90.attn_fwd_sm90` with `fp8_scales`) for calls it covers (Nq = Nk, a
+multiple of 128, at least min_len), the generic FP8 kernel otherwise; it takes q, k and v all
+quantized, head dim 64 or 128, a causal mask or none (a sink too), q's scales per a multiple of
+64 rows and k's and v's per the same multiple of 128 keys (or per tensor).
 
 `triton`: the generic kernel only; the attribute says why (another GPU, the interpreter, a
 head dim or dtype the Gluon kernel does not take or is not faster for, a backward that does not
@@ -215,6 +220,15 @@ def decode_config(f: object) -> DecodeConfig:
     return DecodeConfig(get("page_size"), get("waves"), get("min_split_keys"), get("splits"))
 
 
+def fp8_gluon_min_len(f: object) -> int | None:
+    """The min_len of function `f`'s FP8 Gluon kernel (`kernel = "gluon-sm90"`), or None."""
+    entry = getattr(f, "attributes", {}).get("attn.kernel_path")
+    if not isinstance(entry, DictionaryAttr) or entry.data.get("kernel") != StringAttr(GLUON):
+        return None
+    min_len = entry.data.get("min_len")
+    return min_len.value.data if isinstance(min_len, IntegerAttr) else None
+
+
 def multiplies_e4m3(f: object) -> bool:
     """Whether this pass gave function `f`'s FP8 kernel e4m3 products (`mma = "e4m3"`)."""
     entry = getattr(f, "attributes", {}).get("attn.kernel_path")
@@ -296,6 +310,29 @@ def _checked_fp8(v: AttentionChains, path: str, entry: DictionaryAttr, where: st
     return path == FP8
 
 
+def fp8_gluon_refusal(v: AttentionChains, sm: int) -> str | None:
+    """Why the sm90 Gluon kernel cannot be the attention kernel of `v` in the FP8 form (None: it can)."""
+    if sm != 90:
+        return f"sm {sm}: the Gluon kernel is for sm 90 (Hopper)"
+    q_block, k_block, v_block = (
+        c[-1].block.value.data if c and isinstance(c[-1], attn.QuantizeOp) else None
+        for c in (v.q_chain, v.k_chain, v.v_chain)
+    )
+    if v_block is None:
+        return "v is not quantized (the Gluon FP8 kernel multiplies e4m3 P by e4m3 v)"
+    if q_block is None or q_block % 64 or k_block is None or k_block % 128 or k_block != v_block:
+        return (
+            f"scale blocks q {q_block}, k {k_block}, v {v_block}: it takes q's per a multiple of 64 rows, "
+            "k's and v's alike per a multiple of 128 (0: per tensor)"
+        )
+    dims = {t.get_shape()[3] for t in (v.q_type, v.v_type)}
+    if dims not in ({64}, {128}):
+        return f"head dims {sorted(dims)}: it takes 64 or 128, the same for q and v"
+    if any(not (isinstance(op, attn.MaskOp) and op.kind.data == "causal") for op in v.score_ops):
+        return "score ops other than a causal mask (the Gluon FP8 kernel has no score functions)"
+    return None
+
+
 def fp8_refusal(v: AttentionChains, entry: DictionaryAttr | None, where: str) -> None:
     """Refuse what the `fp8` path cannot lower (a DiagnosticException naming it): a backward, q
     and k not both quantized, a head dim that is not a power of two from 16 (32 for e4m3
@@ -312,12 +349,23 @@ def fp8_refusal(v: AttentionChains, entry: DictionaryAttr | None, where: str) ->
     mma = entry.data.get("mma") if entry is not None else StringAttr("e4m3")
     if mma not in (StringAttr("e4m3"), StringAttr("f32")):
         raise DiagnosticException(f'{where} mma must be "e4m3" or "f32", got {mma}')
+    if entry is not None and "kernel" in entry.data:
+        _check_fp8_gluon(v, entry, mma, where)
     least = 32 if mma == StringAttr("e4m3") else 16
     dims = sorted({t.get_shape()[3] for t in (v.q_type, v.v_type)})
     if any(d < least or d & (d - 1) for d in dims):
         raise DiagnosticException(
             f"{where}: the FP8 kernel takes head dims that are powers of two from {least}, got {dims}"
         )
+
+
+def _check_fp8_gluon(v: AttentionChains, entry: DictionaryAttr, mma: Attribute | None, where: str) -> None:
+    """An FP8 entry's `kernel = "gluon-sm90"`: with an integer min_len, e4m3 products, a variant it takes."""
+    if entry.data["kernel"] != StringAttr(GLUON) or not isinstance(entry.data.get("min_len"), IntegerAttr):
+        raise DiagnosticException(f'{where} kernel must be "{GLUON}" with an integer min_len')
+    why = fp8_gluon_refusal(v, 90) or (None if mma == StringAttr("e4m3") else f"mma = {mma}")
+    if why is not None:
+        raise DiagnosticException(f"{where} says {GLUON}, but the Gluon FP8 kernel cannot compute it: {why}")
 
 
 def _check_tanh(v: AttentionChains, entry: DictionaryAttr, sm: int, where: str) -> None:
@@ -458,7 +506,15 @@ class KernelPathPass(ModulePass):
         mma = "e4m3" if sm >= 89 else "f32"
         entry: dict[str, Attribute] = {"path": StringAttr(FP8), "mma": StringAttr(mma)}
         fp8_refusal(v, DictionaryAttr(entry), where)
-        reason = "e4m3 tensor cores" if mma == "e4m3" else f"sm {sm} has no e4m3 tensor cores (or is the interpreter)"
+        gluon = fp8_gluon_refusal(v, sm) if self.gluon else "disabled (gluon=false)"
+        if gluon is None:
+            entry["kernel"] = StringAttr(GLUON)
+            entry["min_len"] = IntegerAttr(self.min_len, i64)
+            reason = "e4m3 tensor cores, the sm90 Gluon kernel"
+        elif mma == "e4m3":
+            reason = f"e4m3 tensor cores, the generic kernel: {gluon}"
+        else:
+            reason = f"sm {sm} has no e4m3 tensor cores (or is the interpreter)"
         entry["reason"] = StringAttr(reason)
         return entry
 

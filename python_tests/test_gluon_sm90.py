@@ -52,6 +52,25 @@ def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool,
     _check_sm90_binary(compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"]))
 
 
+@pytest.mark.parametrize("head_d,block", [(128, 128), (64, 0)], ids=["d128-block128", "d64-per-tensor"])
+def test_fp8_kernel_compiles_for_sm90(head_d: int, block: int, monkeypatch) -> None:
+    # e4m3 q, k and channel-major v (a transposed view), bf16 out: the products are e4m3 wgmmas.
+    capture = _Capture()
+    monkeypatch.setattr(gluon_sm90, "attn_fwd_sm90", capture)
+    monkeypatch.setattr(gluon_sm90, "_GL_BINARIES", {})
+    e4m3 = torch.float8_e4m3fn
+    q, k = torch.zeros(1, 4, 256, head_d, dtype=e4m3), torch.zeros(1, 2, 256, head_d, dtype=e4m3)
+    v = torch.zeros(1, 2, head_d, 256, dtype=e4m3).transpose(2, 3)
+    scales = (torch.ones(8), torch.ones(4), torch.ones(4), block, block)
+    out = torch.empty(1, 4, 256, head_d, dtype=torch.bfloat16)
+    gluon_sm90._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True, fp8=scales)
+    ((args, kwargs),) = capture.calls
+    monkeypatch.undo()
+    kernel = compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"])
+    _check_sm90_binary(kernel)
+    assert ".e4m3.e4m3" in kernel.asm["ptx"]
+
+
 # Score ops the generic kernel's lowering also gives the Gluon kernel, as generated functions.
 _FAMILIES = {
     "rope-causal": ["attn.mask {s} causal"],  # Q's RoPE in the kernel, from the tables

@@ -1,7 +1,8 @@
 """The FP8 form on the GPU (kernel path `fp8` with e4m3 products on sm 89 and up): the triton
 backend against the reference executor, bf16 and fp16, GQA, fewer queries than keys, lengths off
 the tiles, per-tensor and per-block scales, RoPE and Hadamard rotations fused in the quantization
-kernels; a CUDA-graph replay; the e4m3 products visible in the generated source."""
+kernels; the sm90 Gluon kernel on e4m3 tiles (sinks, no mask, head dims 64 and 128); a
+CUDA-graph replay; the e4m3 products visible in the generated source."""
 
 from __future__ import annotations
 
@@ -86,3 +87,29 @@ def test_e4m3_products_and_cuda_graphs():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+@pytest.mark.parametrize(
+    ("block", "causal", "sink", "d"),
+    [(128, True, False, 128), (None, True, True, 128), (256, False, False, 128), (128, True, False, 64)],
+)
+def test_gluon_fp8_matches_the_reference(block, causal, sink, d):
+    # N a multiple of 128 from min_len: the sm90 Gluon kernel on the e4m3 tiles.
+    def fp8(q, k, v, s):
+        q, k = (af.quantize_fp8(af.hadamard(af.rope(x, theta=500000.0), seed=2), block=block) for x in (q, k))
+        scores = af.qk(q, k)
+        if causal:
+            scores = af.mask(scores, af.causal)
+        return af.pv(af.softmax(scores, sink=s if sink else None), af.quantize_fp8(v, block=block))
+
+    var = af.Variant(fp8)
+    q, k, v = _inputs(16, 4, 2048, 2048, d, torch.bfloat16, seed=d)
+    s = torch.randn(16, device="cuda")
+    with torch.no_grad():
+        with af.backend("triton"):
+            out = var(q, k, v, s)
+            src = var.compile(q, k, v, s).source
+        with af.backend("reference"):
+            ref = var(q, k, v, s)
+    assert "_gluon_attention(q8, k8, v8" in src
+    assert _rel(out, ref) < 0.03

@@ -338,7 +338,9 @@ class GluonAttentionOp(_HostOp):
     only) and `masked` (masked blocks), which read the host expressions `args`; `natural`:
     they read the scaled scores (else only masks, on the raw scores). `q_norm` (an eps, and
     `q_norm_weight`) and `rope` (the cos and sin tables): the RMSNorm and RoPE the kernel applies
-    to q itself, in that order (else q holds its transforms). Operands are host expressions."""
+    to q itself, in that order (else q holds its transforms). `fp8`: q, k and v are e4m3 (v a
+    transposed view of channel-major storage) with these scales: (q's, k's, v's, q's rows per
+    scale, k's and v's keys per scale; 0: one scale per tensor). Operands are host expressions."""
 
     name = "tl.gluon_attention"
     q = prop_def(StringAttr)
@@ -357,10 +359,12 @@ class GluonAttentionOp(_HostOp):
     rope = opt_prop_def(ArrayAttr[StringAttr])
     q_norm_eps = opt_prop_def(FloatAttr[Float64Type])
     q_norm_weight = opt_prop_def(StringAttr)
+    fp8 = opt_prop_def(ArrayAttr[StringAttr])
     assembly_format = (
         "$q `,` $k `,` $v `->` $out `,` $lse `scale` $qk_scale (`causal` $causal^)? (`sink` $sink^)?"
         " (`range` $range_fn^)? (`score` $score_full^)? (`masked` $score_masked^)? (`natural` $natural^)?"
-        " (`args` $args^)? (`rope` $rope^)? (`q_norm` $q_norm_eps^)? (`q_norm_weight` $q_norm_weight^)? attr-dict"
+        " (`args` $args^)? (`rope` $rope^)? (`q_norm` $q_norm_eps^)? (`q_norm_weight` $q_norm_weight^)?"
+        " (`fp8` $fp8^)? attr-dict"
     )
 
     def __init__(
@@ -378,6 +382,7 @@ class GluonAttentionOp(_HostOp):
         args: Sequence[str] = (),
         rope: tuple[str, str] | None = None,
         q_norm: tuple[str | None, float] | None = None,
+        fp8: Sequence[str] | None = None,
     ):
         props: dict[str, Attribute] = {
             "q": StringAttr(q),
@@ -403,12 +408,20 @@ class GluonAttentionOp(_HostOp):
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
         if rope is not None:
             props["rope"] = ArrayAttr(StringAttr(t) for t in rope)
+        super().__init__(properties=props | self._q_props(q_norm, fp8))
+
+    @staticmethod
+    def _q_props(q_norm: tuple[str | None, float] | None, fp8: Sequence[str] | None) -> dict[str, Attribute]:
+        """The properties of Q's RMSNorm and of the FP8 form."""
+        props: dict[str, Attribute] = {}
         if q_norm is not None:
             weight, eps = q_norm
             props["q_norm_eps"] = FloatAttr(float(eps), f64)
             if weight is not None:
                 props["q_norm_weight"] = StringAttr(weight)
-        super().__init__(properties=props)
+        if fp8 is not None:
+            props["fp8"] = ArrayAttr(StringAttr(x) for x in fp8)
+        return props
 
     def verify_(self) -> None:
         hooked = self.range_fn is not None
@@ -422,6 +435,10 @@ class GluonAttentionOp(_HostOp):
             raise VerifyException("tl.gluon_attention `rope` names two tables, cos and sin")
         if self.q_norm_weight is not None and self.q_norm_eps is None:
             raise VerifyException("tl.gluon_attention `q_norm_weight` needs `q_norm` (its eps)")
+        if self.fp8 is not None and len(self.fp8.data) != 5:
+            raise VerifyException(
+                "tl.gluon_attention `fp8` names five host values: q's, k's and v's scales, q's and k's rows per scale"
+            )
 
 
 @irdl_op_definition

@@ -27,6 +27,11 @@ benchmarks/gluon/, "v4"): one CTA per 128-row Q tile, heaviest causal tiles laun
 - Base-2 online softmax with the score scale · log2(e) folded into one multiply; causal rows
   visit their unmasked blocks without mask code, then the diagonal block masked.
 - O leaves through shared memory (the Q tile's) and a TMA store.
+
+The FP8 form (`fp8_scales`): q, k e4m3 and v e4m3 channel-major (its blocks [D, 128] by TMA), the
+same structure with e4m3 wgmmas; S times the q and k block scales, P times 2^8 rounded to e4m3
+through a shared tile per warpgroup (Triton 3.6 cannot wait on an 8-bit register operand), the
+accumulator kept in units of the V block's scale / 2^8, O through its own shared buffer.
 """
 
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
@@ -160,16 +165,68 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0):
 
 
 @gluon.jit
-def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS, j0, lo, hi,
+def _gl_fp8_block(fp8, j, BLOCK_N: gl.constexpr):
+    """The scales of KV block j in the FP8 form: (q's scale times k's, v's)."""
+    sq, k_scales, v_scales, kv_base, kv_rows = fp8
+    idx = kv_base + (j * BLOCK_N) // kv_rows
+    return sq * gl.load(k_scales + idx), gl.load(v_scales + idx)
+
+
+@gluon.jit
+def _gl_fp8_setup(fp8_scales, off_hz, GROUP, row0):
+    """What a consumer's KV steps read in the FP8 form (None otherwise): its rows' q scale, the
+    k and v scales and where its KV head's start, and their keys per scale."""
+    fp8 = None
+    if fp8_scales is not None:
+        q_scales, k_scales, v_scales, q_blocks, q_rows, kv_blocks, kv_rows = fp8_scales
+        sq = gl.load(q_scales + off_hz * q_blocks + row0 // q_rows)
+        fp8 = (sq, k_scales, v_scales, (off_hz // GROUP) * kv_blocks, kv_rows)
+    return fp8
+
+
+@gluon.jit
+def _gl_normalised(acc, l_o, unit, FP8: gl.constexpr):
+    """O = acc / l, the accumulator in units of `unit` in the FP8 form."""
+    if FP8:
+        o = acc * (unit / l_o)[:, None]
+    else:
+        o = acc / l_o[:, None]
+    return o
+
+
+@gluon.jit
+def _gl_v_operand(v_smem, slot, FP8: gl.constexpr):
+    """The B operand of P·V from a V ring slot: the block itself, or (FP8, whose V blocks are
+    channel-major [D, BLOCK_N] as e4m3 products want) its transpose view."""
+    v = v_smem.index(slot)
+    if FP8:
+        v = v.permute((1, 0))
+    return v
+
+
+@gluon.jit
+def _gl_p_tile(p, p_tile):
+    """FP8: P times 2^8 rounded to e4m3 into the consumer's shared tile, the A operand of P·V
+    (an e4m3 operand in registers cannot be tracked by the wgmma wait)."""
+    p_tile.store((p * 256.0).to(p_tile.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    return p_tile
+
+
+@gluon.jit
+def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos, off_hz, XARGS, j0, lo, hi,
                MASKED: gl.constexpr, HOOK: gl.constexpr, NATURAL: gl.constexpr, SAFE: gl.constexpr,
                STAGES: gl.constexpr, WG: gl.constexpr):
     """KV blocks [lo, hi), lo > j0 (the tile's first block, whose ring slot is 0). On entry
     `p_op` holds P of block lo-1, not yet multiplied by its V. Per block j: issue S_j =
     Q·K_jᵀ and O += P_{j-1}·V_{j-1}, wait for S_j only, score ops and softmax_j, then wait for
-    the P·V, release slot j-1 and rescale O."""
+    the P·V, release slot j-1 and rescale O. FP8 (`fp8` not None): S_j times the block's
+    scales, P_j times 2^8 in e4m3, and O kept in units of the block's V scale / 2^8 (`unit`)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     qk_scale, mult = scales
+    FP8: gl.constexpr = fp8 is not None
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     s_layout: gl.constexpr = q_pos.type.layout.parent
     s_zero = gl.zeros([q_pos.shape[0], BLOCK_N], gl.float32, s_layout)
@@ -178,36 +235,53 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, 
         i = j - j0
         slot = i % STAGES
         prev = (i - 1) % STAGES
+        if FP8:  # the block's scales, loaded while its products run
+            s_qk, s_v = _gl_fp8_block(fp8, j, BLOCK_N)
         _gl_ring_wait(k_bars, i, STAGES)
         _gl_ring_wait(v_bars, i - 1, STAGES)
         _gl_take_turn(turn_bars, i, WG)
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        acc = warpgroup_mma(p_op, _gl_v_operand(v_smem, prev, FP8), acc, is_async=True)
         _gl_pass_turn(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         k_pos = j * BLOCK_N + cols
+        if FP8:
+            s = s * s_qk
         s = _gl_scores(s, q_pos, k_pos, off_hz, qk_scale, XARGS, HOOK, NATURAL)
         p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED, SAFE)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        if FP8:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        else:
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
         _gl_ring_release(empty_bars, i - 1, STAGES)
+        if FP8:
+            new_unit = s_v * 0.00390625
+            alpha = alpha * (unit / new_unit)
+            unit = new_unit
+            p_op = _gl_p_tile(p, p_op)
+        else:
+            p_op = gl.convert_layout(p.to(k_desc.dtype), p_op.type.layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        p_op = gl.convert_layout(p.to(k_desc.dtype), p_op.type.layout)
-    return acc, m_i, l_i, p_op
+    return acc, m_i, l_i, p_op, unit
 
 
 @gluon.jit
-def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
+def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS, XARGS,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr,
                  SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
     """The 64 rows of the Q tile that consumer WG owns: its first KV block (masked), the
     masked blocks before the unmasked ones (RANGE hooks only), the unmasked blocks, the
     masked blocks after them, the last P·V, the epilogue (the sink's logit; O = acc / l
     through shared memory and a TMA store; lse = (m + log2 l)·ln 2; a row that kept no score
-    gives zeros and lse = -inf)."""
+    gives zeros and lse = -inf). FP8: `fp8_scales` = (q's, k's and v's scales, the scale blocks
+    per (batch, head) of q and of k and v, their rows), one scale per 64 rows of q and per
+    128 keys (or one per tensor: 0 blocks)."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     qk_scale, mult = scales
+    FP8: gl.constexpr = fp8_scales is not None
+    BITS: gl.constexpr = q_desc.dtype.primitive_bitwidth
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = o_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
@@ -215,10 +289,12 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
     ROW0: gl.constexpr = ROWS * WG
     SAFE: gl.constexpr = RANGE is not None
     warps: gl.constexpr = [gl.num_warps(), 1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 256 // BITS])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 256 // BITS])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=32 // BITS)
     off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
+    fp8 = _gl_fp8_setup(fp8_scales, off_hz, GROUP, pid_m * BLOCK_M + ROW0)
+    unit = 1.0
     q_tile = q_smem.slice(ROW0, ROWS)
     q_pos = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -236,21 +312,30 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
     _gl_pass_turn(turn_bars, WG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     k_pos = j0 * BLOCK_N + cols
+    if FP8:
+        s_qk, s_v = _gl_fp8_block(fp8, j0, BLOCK_N)
+        s = s * s_qk
     s = _gl_scores(s, q_pos, k_pos, off_hz, qk_scale, XARGS, SCORE_MASKED, NATURAL)
     p, alpha, m_i, l_i = _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, CAUSAL, SAFE)
-    p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
+    if FP8:
+        unit = s_v * 0.00390625
+        p_op = _gl_p_tile(p, p_smem.index(WG))
+    else:
+        p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
     if RANGE is not None:
-        acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
-                                         j0, j0 + 1, a, False, SCORE_MASKED, NATURAL, SAFE, STAGES, WG)
-    acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
-                                     j0, a, b, False, SCORE_FULL, NATURAL, SAFE, STAGES, WG)
+        acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos,
+                                               off_hz, XARGS, j0, j0 + 1, a, False, SCORE_MASKED, NATURAL, SAFE,
+                                               STAGES, WG)
+    acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos, off_hz,
+                                           XARGS, j0, a, b, False, SCORE_FULL, NATURAL, SAFE, STAGES, WG)
     if CAUSAL or RANGE is not None:
-        acc, m_i, l_i, p_op = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, scales, q_pos, off_hz, XARGS,
-                                         j0, b, j_end, CAUSAL, SCORE_MASKED, NATURAL, SAFE, STAGES, WG)
+        acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos,
+                                               off_hz, XARGS, j0, b, j_end, CAUSAL, SCORE_MASKED, NATURAL, SAFE,
+                                               STAGES, WG)
     last = j_end - 1 - j0
     _gl_ring_wait(v_bars, last, STAGES)
     _gl_take_turn(turn_bars, last + 1, WG)
-    acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+    acc = warpgroup_mma(p_op, _gl_v_operand(v_smem, last % STAGES, FP8), acc, is_async=True)
     _gl_pass_turn(turn_bars, WG)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
@@ -265,9 +350,10 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
         empty = l_i == 0.0
         l_i = gl.where(empty, 1.0, l_i)
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    q_tile.store((acc / l_o[:, None]).to(o_desc.dtype))
+    o_tile = o_smem.slice(ROW0, ROWS)
+    o_tile.store(_gl_normalised(acc, l_o, unit, FP8).to(o_desc.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], q_tile)
+    tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], o_tile)
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
     if SAFE:
@@ -277,14 +363,17 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP,
 
 
 @gluon.jit
-def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr):
+def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                 RANGE: gl.constexpr):
     """The load partition: Q once, then K/V block j into ring slot (j - j0) % STAGES once both
     consumers released the block that used the slot before (the first STAGES waits pass at
-    once)."""
+    once). FP8 (`fp8_scales` not None): V's blocks are channel-major, [D, BLOCK_N]."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+    V_T: gl.constexpr = fp8_scales is not None
     off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_bar, q_smem)
@@ -292,12 +381,18 @@ def _gl_producer(descs, bufs, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constex
         _gl_ring_wait_free(empty_bars, i, STAGES)
         row = kv_row0 + (j0 + i) * BLOCK_N
         _gl_ring_load(k_desc, row, k_bars, k_smem, i, STAGES)
-        _gl_ring_load(v_desc, row, v_bars, v_smem, i, STAGES)
+        if V_T:  # channel-major V (FP8): block [D, BLOCK_N] at the head's channels and the block's keys
+            slot = i % STAGES
+            mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [(kv_row0 // N) * HEAD_D, (j0 + i) * BLOCK_N],
+                                            v_bars.index(slot), v_smem.index(slot))
+        else:
+            _gl_ring_load(v_desc, row, v_bars, v_smem, i, STAGES)
 
 
 @gluon.jit
 def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, qn_w_ptr, qn_eps, qk_scale,
-                  mult, N, GROUP, HEADS, XARGS,
+                  mult, fp8_scales, N, GROUP, HEADS, XARGS,
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
                   SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
     """out, lse of one 128-row Q tile: a TMA producer warp and two ping-pong consumer
@@ -309,14 +404,25 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     apply the variant's score ops, on the scores times qk_scale when NATURAL (mult = log2 e).
     sink_ptr: None, or the per-head sink logits (HEADS of them). cos_ptr, sin_ptr, qn_w_ptr,
     qn_eps: None (Q arrives transformed), or Q's RoPE tables and RMSNorm (weight or None, eps)
-    that the consumers apply (`_gl_q_prologue`)."""
+    that the consumers apply (`_gl_q_prologue`). fp8_scales: None, or the scales of e4m3 q, k and
+    v (V channel-major, its descriptor's blocks [D, 128]; see `_gl_consumer`); O is written
+    through its own shared buffer then, as its dtype is not Q's."""
     descs = (q_desc, k_desc, v_desc, o_desc)
     scales = (qk_scale, mult)
     rope = (cos_ptr, sin_ptr)
     q_norm = (qn_w_ptr, qn_eps)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = _gl_ring_alloc(k_desc, STAGES)
-    v_smem = _gl_ring_alloc(k_desc, STAGES)
+    v_smem = _gl_ring_alloc(v_desc, STAGES)
+    p_smem = q_smem  # unused without fp8_scales (a partition's arguments cannot hold None)
+    if fp8_scales is not None:
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [BLOCK_M, q_desc.block_type.shape[1]], o_desc.layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, BLOCK_N], q_desc.dtype)
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M // 2, BLOCK_N], p_layout)
+    else:
+        o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = _gl_barriers(STAGES)
     v_bars = _gl_barriers(STAGES)
@@ -326,14 +432,14 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, 2)  # released by both consumers
     _gl_turns_init(turn_bars)
     fence_async_shared()
-    bufs = (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
+    bufs = (q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
     gl.warp_specialize(
         [
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
-                            CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, N, GROUP, HEADS, XARGS,
-                            CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
-            (_gl_producer, (descs, bufs, N, GROUP, CAUSAL, STAGES, RANGE)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                            XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                            XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
+            (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
         ],
         [4, 1],
         [240, 24],
@@ -343,13 +449,18 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
 _GL_BINARIES = {}
 
 
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
+
+
 @functools.cache
-def _gl_layouts(head_d, dtype):
-    """The NVMMA shared layouts of the Q tile, a K/V block and a consumer's O box."""
-    dt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+def _gl_layouts(head_d, dtype, out_dtype=None):
+    """The NVMMA shared layouts of the Q tile, a K/V block, a consumer's O box and (FP8) a
+    channel-major V block."""
+    dt, ot = _GL_DTYPES[dtype], _GL_DTYPES[out_dtype or dtype]
     return (gl.NVMMASharedLayout.get_default_for([_GL_BLOCK, head_d], dt),
             gl.NVMMASharedLayout.get_default_for([_GL_BLOCK, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], dt))
+            gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], ot),
+            gl.NVMMASharedLayout.get_default_for([head_d, _GL_BLOCK], dt))
 
 
 def _gluon_fits(q, k, v, min_len):
@@ -373,7 +484,7 @@ def _gl_spec(x):
 
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
-                     rope=None, q_norm=None):
+                     rope=None, q_norm=None, fp8=None):
     """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) by
     `attn_fwd_sm90`, for q and k holding their transforms and qk_scale the score scale.
     Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,
@@ -381,14 +492,28 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
     scaled scores. sink: None or the [Hq] sink logits. rope: None (q holds its transforms) or
     the (cos, sin) tables [positions, D/2] of the RoPE the kernel applies to q (half style,
     every channel); q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
-    Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views)."""
-    q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
+    Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views).
+    fp8: None, or q, k and v in e4m3 (v a transposed view of a contiguous [B, Hkv, D, N]) and
+    (q_scale, k_scale, v_scale, q_block, kv_block): their scales per block of q_block rows of
+    q (a multiple of 64) and of kv_block keys (a multiple of 128), or one per tensor (0)."""
     b, hq, n, d = q.shape
-    q_layout, kv_layout, o_layout = _gl_layouts(d, q.dtype)
+    if fp8 is None:
+        q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
+    q_layout, kv_layout, o_layout, vt_layout = _gl_layouts(d, q.dtype, out.dtype)
 
     def desc(t, rows, layout):
         flat = t.view(-1, d)
         return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d], layout)
+
+    fp8_scales = None
+    v_desc = desc(v, _GL_BLOCK, kv_layout) if fp8 is None else None
+    if fp8 is not None:
+        q_scale, k_scale, v_scale, q_block, kv_block = fp8
+        vt = v.transpose(2, 3).reshape(-1, n)  # the contiguous [B * Hkv * D, N] storage
+        v_desc = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [d, _GL_BLOCK], vt_layout)
+        # A per-tensor scale: 0 blocks of 2^30 rows (every row's index is 0).
+        fp8_scales = (q_scale, k_scale, v_scale, -(-n // q_block) if q_block else 0, q_block or 1 << 30,
+                      -(-n // kv_block) if kv_block else 0, kv_block or 1 << 30)
 
     group = hq // k.shape[1]
     rng, full, masked = hooks if hooks is not None else (None, None, None)
@@ -400,13 +525,14 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
         sink = sink.contiguous()
     mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
     grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
-    args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), desc(v, _GL_BLOCK, kv_layout),
-            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, n, group, hq,
-            xargs)
+    args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), v_desc,
+            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, fp8_scales, n,
+            group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
     key = (q.device.index, q.dtype, d, causal, natural, hooks, group == 1, group % 16 == 0, _gl_spec(hq),
            lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
-           rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None)
+           rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
+           None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
     binary = _GL_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, RANGE=rng, SCORE_FULL=full,

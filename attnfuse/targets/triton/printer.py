@@ -457,6 +457,8 @@ def _gluon_args(h: tl.GluonAttentionOp) -> str:
     if h.q_norm_eps is not None:
         weight = h.q_norm_weight.data if h.q_norm_weight is not None else "None"
         args.append(f"q_norm=({weight}, {h.q_norm_eps.value.data!r})")
+    if h.fp8 is not None:
+        args.append(f"fp8=({', '.join(x.data for x in h.fp8)})")
     return ", ".join(args)
 
 

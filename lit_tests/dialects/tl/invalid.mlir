@@ -241,3 +241,11 @@ tl.launcher "launch"(["q"]) {
   tl.hadamard_table "h" d 96 seed 0 device "q.device"
 }
 // CHECK: tl.hadamard_table needs a power-of-two d and a seed >= 0, got d=96
+
+// -----
+
+// The FP8 form's Gluon launch names its five scale values.
+tl.launcher "launch"(["q"]) {
+  tl.gluon_attention "q", "q", "q" -> "out", "lse" scale 1.000000e+00 causal fp8 ["s", "s"]
+}
+// CHECK: tl.gluon_attention `fp8` names five host values: q's, k's and v's scales, q's and k's rows per scale

@@ -91,6 +91,7 @@ tl.launcher "launch"(["x", "ids"]) {
   tl.host_if "_gluon_fits(x, x, x, 2048)" {
     tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
     tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]
+    tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal fp8 ["ws", "ws", "ws", "128", "0"]
     tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score
     tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score reduce_dq "not _gl_deterministic()" args ["ids"]
   } else {
@@ -186,6 +187,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.host_if "_gluon_fits(x, x, x, 2048)" {
 // CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal
 // CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 sink "ids" range @score score @score masked @score natural args ["x", "x.stride(0)"]
+// CHECK-NEXT:       tl.gluon_attention "x", "x", "x" -> "out", "ws" scale 1.250000e-01 causal fp8 ["ws", "ws", "ws", "128", "0"]
 // CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score
 // CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score reduce_dq "not _gl_deterministic()" args ["ids"]
 // CHECK-NEXT:     } else {
@@ -215,6 +217,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC:        "tl.host_if"() <{cond = "_gluon_fits(x, x, x, 2048)"}> ({
 // CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, causal}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, sink = "ids", range_fn = @score, score_full = @score, score_masked = @score, natural, args = ["x", "x.stride(0)"]}> : () -> ()
+// CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, causal, fp8 = ["ws", "ws", "ws", "128", "0"]}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score, reduce_dq = "not _gl_deterministic()", args = ["ids"]}> : () -> ()
 // CHECK-GENERIC-NEXT:   }, {

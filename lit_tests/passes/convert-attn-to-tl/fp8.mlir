@@ -8,6 +8,7 @@
 
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=90}' | filecheck %s
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0}' | filecheck %s --check-prefix=INTERP
+// RUN: sed -e 's/block = 64/block = 128/; s/block = 0 :/block = 128 :/' %s | attnfuse-opt -p 'attnfuse-pipeline{sm=90}' | filecheck %s --check-prefix=GLUON
 
 // CHECK:      tl.kernel @quantize_q(%q: !tl.ptr<bf16>, {{.*}}, %q8: !tl.ptr<f8E4M3FN>, {{.*}}, %NQ: i32, %hadamard_1_h: !tl.ptr<f16>, %hadamard_1_s: !tl.ptr<f32>, %SCALE: !tl.ptr<f32>)
 // CHECK:        %x_hi = tl.cast {{.*}} : !tl.tile<f32> -> !tl.tile<f16>
@@ -49,6 +50,13 @@
 // CHECK-NEXT:   tl.host_assign "v_amax_all" = "v_amax.amax(0, keepdim=True)"
 // CHECK-NEXT:   tl.call "quantize_v"
 // CHECK-NEXT:   tl.call "attn_fwd"
+
+// With scale blocks the Gluon kernel tiles (128 rows of q, k and v here: the sed above), kernel-path
+// gives it the attention on sm 90, for the calls it covers.
+// GLUON:      tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// GLUON-NEXT:   tl.gluon_attention "q8", "k8", "v8" -> "out", "lse" scale 1.250000e-01 causal fp8 ["q_scale", "k_scale", "v_scale", "128", "128"]
+// GLUON-NEXT: } else {
+// GLUON-NEXT:   tl.call "attn_fwd"
 
 // INTERP:     tl.kernel @attn_fwd(
 // INTERP:       %qk8 = tl.dot {{.*}} {input_precision = "ieee"} : !tl.tile<f32>, !tl.tile<f32> -> !tl.tile<f32>
