@@ -88,6 +88,22 @@ class QBlock:
     """What a kernel path's own steps read (`q_extras`), by name."""
 
 
+@dataclass
+class KvBlock:
+    """One KV step's block of keys."""
+
+    n_off: SSAValue
+    """Its first key, int64."""
+    rows_n: SSAValue
+    """Its keys relative to the first, [BLOCK_N]."""
+    offs_n: SSAValue
+    """Its keys, [BLOCK_N]."""
+    kv_ok: SSAValue | None
+    """Keys below Nk; None in a full block."""
+    masked: bool
+    """A partial block (masks applied)."""
+
+
 class ForwardLowering(KernelLowering):
     """Builds the generic kernels of one forward function and their launcher."""
 
@@ -269,7 +285,8 @@ class ForwardLowering(KernelLowering):
             k_tile = ib.cast(k_x, self.kdtype, hint="k_tile")
         else:
             k_tile = load_k(qb.offs_d)
-        s = self.scores(ib, self.product(ib, qb, k_tile, n_off, offs_n, kv_ok))
+        blk = KvBlock(n_off, rows_n, offs_n, kv_ok, masked)
+        s = self.scores(ib, self.product(ib, qb, k_tile, blk))
         kv_idx = ib.col(offs_n)
         if masked:
             assert kv_ok is not None
@@ -282,53 +299,44 @@ class ForwardLowering(KernelLowering):
         if masked:
             s = ib.where(kv_ok_col, s, NEG_INF, hint="s_valid")
         m_new, l_new, pr, acc_s = self.online_softmax(ib, s, c)
-        return {"m_i": m_new, "l_i": l_new, **self.pv(ib, qb, s, pr, acc_s, c, n_off, rows_n, offs_n, kv_ok, masked)}
+        return {"m_i": m_new, "l_i": l_new, **self.pv(ib, qb, blk, s, pr, acc_s, c)}
 
     def carried_extras(self, kb: KernelBuilder) -> dict[str, SSAValue]:
         """Values a kernel path's KV steps carry besides m_i, l_i and acc, initialised (none here)."""
         return {}
 
-    def product(
-        self,
-        ib: KernelBuilder,
-        qb: QBlock,
-        k_tile: SSAValue,
-        n_off: SSAValue,
-        offs_n: SSAValue,
-        kv_ok: SSAValue | None,
-    ) -> SSAValue:
-        """Q·Kᵀ of the block (keys `offs_n`, the first `n_off`), fp32."""
+    def product(self, ib: KernelBuilder, qb: QBlock, k_tile: SSAValue, blk: KvBlock) -> SSAValue:
+        """Q·Kᵀ of the block, fp32."""
         return ib.dot(qb.q_tile, k_tile, None, self.precision, hint="qk")
+
+    def v_tile(self, ib: KernelBuilder, qb: QBlock, blk: KvBlock, hint: str = "v") -> SSAValue:
+        """The block's V tile [BLOCK_N, Dv], zero past Nk (and past Dv)."""
+        v = qb.v
+        v_blk = ib.add(qb.v_base, ib.mul(blk.n_off, v.strides[2]), hint="v_blk")
+        v_ptr = ib.add(
+            ib.add(v_blk, ib.mul(ib.row(blk.rows_n), v.strides[2])),
+            ib.mul(ib.col(qb.offs_dv), v.strides[3]),
+            hint="v_ptr",
+        )
+        vmask = ib.row(blk.kv_ok) if blk.kv_ok is not None else None
+        if qb.dv_ok is not None:
+            vmask = ib.col(qb.dv_ok) if vmask is None else ib.and_(vmask, ib.col(qb.dv_ok))
+        return ib.load(v_ptr, vmask, 0.0, hint=hint)
 
     def pv(
         self,
         ib: KernelBuilder,
         qb: QBlock,
+        blk: KvBlock,
         s: SSAValue,
         pr: SSAValue,
         acc_s: SSAValue,
         c: dict[str, SSAValue],
-        n_off: SSAValue,
-        rows_n: SSAValue,
-        offs_n: SSAValue,
-        kv_ok: SSAValue | None,
-        masked: bool,
     ) -> dict[str, SSAValue]:
         """The carried values P·V updates (`c`: the step's): `acc`, the accumulator `acc_s`
-        (rescaled) plus the block's P·V. The block's first key is `n_off` (int64), its keys
-        `offs_n`."""
-        v = qb.v
-        v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
-        v_ptr = ib.add(
-            ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])),
-            ib.mul(ib.col(qb.offs_dv), v.strides[3]),
-            hint="v_ptr",
-        )
-        vmask = ib.row(kv_ok) if kv_ok is not None else None
-        if qb.dv_ok is not None:
-            vmask = ib.col(qb.dv_ok) if vmask is None else ib.and_(vmask, ib.col(qb.dv_ok))
-        vv = ib.load(v_ptr, vmask, 0.0, hint="v")
-        if not masked:
+        (rescaled) plus the block's P·V."""
+        vv = self.v_tile(ib, qb, blk)
+        if not blk.masked:
             return {"acc": ib.dot(ib.cast(pr, self.vdtype), vv, acc_s, self.precision, hint="acc_new")}
         # A partial block reads V only where the mask keeps the key: a NaN or Inf at a masked
         # key (garbage in an unused cache slot) must not reach a row as 0 * NaN. Non-finite

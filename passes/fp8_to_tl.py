@@ -32,7 +32,7 @@ from xdsl.ir import BlockArgument, Operation, SSAValue
 from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import E4M3_MAX
 from attnfuse.passes.analysis import AttentionChains
-from attnfuse.passes.forward_to_tl import ForwardLowering, QBlock
+from attnfuse.passes.forward_to_tl import ForwardLowering, KvBlock, QBlock
 from attnfuse.passes.kernel_lowering import QProgram
 from attnfuse.passes.kernel_path import fp8_gluon_min_len, multiplies_e4m3
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
@@ -190,25 +190,15 @@ class Fp8Lowering(ForwardLowering):
         block = self.quantized[which].block
         return block > 0 and block % self.block_n != 0
 
-    def key_scales(
-        self,
-        ib: KernelBuilder,
-        qb: QBlock,
-        which: str,
-        n_off: SSAValue,
-        offs_n: SSAValue,
-        kv_ok: SSAValue | None,
-        other: float,
-    ) -> SSAValue:
-        """The scales of K's or V's keys `offs_n` (from `n_off`): a tile, or one scalar where
-        they share it."""
+    def key_scales(self, ib: KernelBuilder, qb: QBlock, which: str, blk: KvBlock, other: float) -> SSAValue:
+        """The scales of K's or V's keys in the block: a tile, or one scalar where they share it."""
         block = self.quantized[which].block
         base = qb.extra[f"s{which}"]
         if block == 0:
             return base
         if not self.key_scale_is_tile(which):
-            return ib.load(ib.add(base, ib.floordiv(n_off, block)), hint=f"s{which}_n")
-        return ib.load(ib.add(base, ib.floordiv(offs_n, block)), kv_ok, other, hint=f"s{which}_n")
+            return ib.load(ib.add(base, ib.floordiv(blk.n_off, block)), hint=f"s{which}_n")
+        return ib.load(ib.add(base, ib.floordiv(blk.offs_n, block)), blk.kv_ok, other, hint=f"s{which}_n")
 
     def to_e4m3(self, ib: KernelBuilder, y: SSAValue, hint: str) -> SSAValue:
         """fp32 `y` (within ±448) rounded to e4m3, to nearest even. With e4m3 products a cast;
@@ -231,19 +221,11 @@ class Fp8Lowering(ForwardLowering):
             return a, b, None
         return ib.cast(a, f32), ib.cast(b, f32), "ieee"
 
-    def product(
-        self,
-        ib: KernelBuilder,
-        qb: QBlock,
-        k_tile: SSAValue,
-        n_off: SSAValue,
-        offs_n: SSAValue,
-        kv_ok: SSAValue | None,
-    ) -> SSAValue:
+    def product(self, ib: KernelBuilder, qb: QBlock, k_tile: SSAValue, blk: KvBlock) -> SSAValue:
         """(q8·k8ᵀ) · sq[row] · sk[key], fp32."""
         a, b, precision = self.operands(ib, qb.q_tile, k_tile)
         s = ib.dot(a, b, None, precision, hint="qk8")
-        sq, sk = qb.extra["sq"], self.key_scales(ib, qb, "k", n_off, offs_n, kv_ok, 1.0)
+        sq, sk = qb.extra["sq"], self.key_scales(ib, qb, "k", blk, 1.0)
         tile_q, tile_k = self.q_scale_is_tile, self.key_scale_is_tile("k")
         if not tile_q and not tile_k:
             return ib.mul(s, ib.mul(sq, sk), hint="qk")
@@ -263,29 +245,20 @@ class Fp8Lowering(ForwardLowering):
         self,
         ib: KernelBuilder,
         qb: QBlock,
+        blk: KvBlock,
         s: SSAValue,
         pr: SSAValue,
         acc_s: SSAValue,
         c: dict[str, SSAValue],
-        n_off: SSAValue,
-        rows_n: SSAValue,
-        offs_n: SSAValue,
-        kv_ok: SSAValue | None,
-        masked: bool,
     ) -> dict[str, SSAValue]:
         """With a quantized V: e4m3(P · w) · v8 added to the accumulator in units of the block's
         largest V scale / 2^8 (the accumulator rescaled from the last block's units, so the
         product accumulates in place), w each key's V scale relative to that largest, times 2^8.
         Else the generic P·V."""
         if "v" not in self.quantized:
-            return super().pv(ib, qb, s, pr, acc_s, c, n_off, rows_n, offs_n, kv_ok, masked)
-        v = qb.v
-        v_blk = ib.add(qb.v_base, ib.mul(n_off, v.strides[2]), hint="v_blk")
-        v_ptr = ib.add(
-            ib.add(v_blk, ib.mul(ib.row(rows_n), v.strides[2])), ib.mul(ib.col(qb.offs_dv), v.strides[3]), hint="v_ptr"
-        )
-        v8 = ib.load(v_ptr, ib.row(kv_ok) if kv_ok is not None else None, 0.0, hint="v8")
-        sv = self.key_scales(ib, qb, "v", n_off, offs_n, kv_ok, 0.0)
+            return super().pv(ib, qb, blk, s, pr, acc_s, c)
+        v8 = self.v_tile(ib, qb, blk, "v8")
+        sv = self.key_scales(ib, qb, "v", blk, 0.0)
         if self.key_scale_is_tile("v"):
             largest = ib.reduce("max", sv, 0, hint="sv_max")
             p8 = self.to_e4m3(ib, ib.mul(pr, ib.col(ib.mul(sv, ib.div(P_SCALE, largest)))), "p8")
