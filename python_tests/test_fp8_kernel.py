@@ -173,3 +173,23 @@ def test_what_the_fp8_path_refuses():
     q12, k12 = torch.randn(1, 2, 16, 12), torch.randn(1, 2, 16, 12)
     with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="powers of two from 16, got \\[12\\]"):
         _variant(8, 8)(q12, k12, k12)
+
+
+def test_hadamard_in_the_decode_kernel():
+    # Q's rotation in the decode kernel's prologue, K's in cache_keys: as the whole forward.
+    @af.variant
+    def rotated(q, k, v):
+        q, k = af.hadamard(af.rope(q), seed=2), af.hadamard(af.rope(k), seed=2)
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
+    g = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(2, 2, 64, 32, generator=g) for _ in range(2))
+    q = torch.randn(2, 4, 1, 32, generator=g)
+    lengths = torch.tensor([40, 64], dtype=torch.int32)
+    with af.backend("interpret"):
+        out = rotated.decode(q, rotated.cache_keys(k, torch.arange(64)), v, lengths)
+    with af.backend("reference"):
+        ref = torch.cat(
+            [rotated(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n]) for b, n in enumerate([40, 64])]
+        )
+    assert _rel(out, ref) < 1e-5
