@@ -12,9 +12,10 @@ Rows, each the relative L2 error and the RMSE of the output:
   executor on the rounded inputs in float64 (labelled so);
 - `fp8 per-tensor`, `fp8 per-block`, `fp8 per-block + Hadamard` (and `fp8 per-tensor + Hadamard`):
   q, k and v quantized to e4m3 by `af.quantize_fp8` (one scale per tensor, or per `--block` rows
-  of a head), q and k rotated by `af.hadamard` first where named. These run on the reference
-  executor in float64: the error is the quantization's alone, since the FP8 form has no kernel
-  yet (a kernel adds its P rounding and fp32 arithmetic);
+  of a head), q and k rotated by `af.hadamard` first where named, on the reference executor in
+  float64 (the quantization's error alone) and again through AttnFuse's FP8 kernels (`(AttnFuse
+  FP8 kernel)`: on a GPU e4m3 products from the bf16 inputs, P rounded to e4m3 too; without one
+  the interpreter, the same e4m3 values multiplied in fp32, from float32 inputs);
 - the per-tensor and per-block + Hadamard rows again with P rounded to e4m3 before P·V, as an FP8
   kernel does (FlashAttention-3's 2^8 scaling), emulated in float64 (`with_p_in_e4m3`).
 

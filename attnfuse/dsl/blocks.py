@@ -321,7 +321,8 @@ def quantize_fp8(x: TensorProxy, block: int | None = None) -> TensorProxy:
     """q, k or v as float8 e4m3 holds it (the FP8 form, forward only): one scale per `block`
     consecutive rows of a (batch, head), or per tensor with `block=None`; each scale is the
     block's largest magnitude over 448 (e4m3's largest). The last transform before af.qk or
-    af.pv."""
+    af.pv. The kernels quantize q and k together (both or neither; v as chosen), each in its
+    own kernel with its other transforms, before the attention multiplies the e4m3 values."""
     t = _tracer("af.quantize_fp8")
     x = _unquantized(_tensor(x, "af.quantize_fp8"), "af.quantize_fp8")
     rows = 0
