@@ -43,6 +43,8 @@ def hadamard_matrix(
 def quantize_e4m3(x: torch.Tensor, block: int) -> torch.Tensor:
     """x [B, H, N, D] rounded as float8 e4m3 with one scale per `block` rows of a (batch, head)
     (per tensor for `block` 0), returned dequantized in x's dtype (see the module docstring)."""
+    if x.numel() == 0:
+        return x.clone()
     if block == 0:
         groups = x.reshape(1, -1)
     else:

@@ -289,7 +289,8 @@ class Fp8Lowering(ForwardLowering):
             callee = c.kernel.sym_name.data
             if callee.startswith("amax_"):
                 w = callee.removeprefix("amax_")
-                ops.append(tl.HostAssignOp(f"{w}_amax_all", f"{w}_amax.amax(0, keepdim=True)"))
+                largest = f"{w}_amax.amax(0, keepdim=True) if {w}_amax.numel() else {w}_amax.new_zeros(1)"
+                ops.append(tl.HostAssignOp(f"{w}_amax_all", largest))
         ops.append(self.main_launch(call_op(calls[-1])))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.launcher_params(), ops)

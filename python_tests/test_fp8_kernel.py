@@ -193,3 +193,13 @@ def test_hadamard_in_the_decode_kernel():
             [rotated(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n]) for b, n in enumerate([40, 64])]
         )
     assert _rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize(("nq", "nk"), [(0, 16), (16, 0)])
+def test_empty_queries_or_keys(nq, nk):
+    # Per-tensor scales of an empty tensor: no maxima to take (scale 1), no crash.
+    q, k, v = _inputs(hq=2, hkv=2, nq=nq, nk=nk, d=16)
+    var = _variant(None, None, None)
+    out, ref = _both(var, q, k, v)
+    assert out.shape == (1, 2, nq, 16)
+    assert torch.equal(out, ref.to(out.dtype))
