@@ -67,8 +67,9 @@ class Quantized:
 
     @property
     def tile(self) -> int:
-        """Rows it transforms at a time (a power of two)."""
-        return min(pow2(self.rows), TILE_ROWS)
+        """Rows it transforms at a time (a power of two; fewer past head dim 128, so that a tile
+        holds at most TILE_ROWS x 128 values)."""
+        return min(pow2(self.rows), TILE_ROWS * 128 // max(pow2(self.dim), 128))
 
 
 class Fp8Lowering(ForwardLowering):

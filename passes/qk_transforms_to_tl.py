@@ -25,6 +25,10 @@ from attnfuse.dialects import attn, tl
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 from attnfuse.rope_freqs import op_inv_freq
 
+HADAMARD_MAX_D = 128
+"""The largest head dim whose Hadamard rotation the kernels apply (H in float16 and a 128-row tile
+split in two float16 parts take 96 KB of shared memory at 128; 256 KB at 256)."""
+
 
 @dataclass(frozen=True)
 class RopeLayout:
@@ -91,6 +95,11 @@ class QKTransforms:
         attn.hadamard's matrix, to about fp32's accuracy: the signed tile, scaled per token by a
         power of two into [-1, 1], is split into two float16 parts (hi + lo, 22 significant
         bits) whose products with H (±1, exact in float16) add up in fp32."""
+        if self.d > HADAMARD_MAX_D:
+            raise DiagnosticException(
+                f"attn.hadamard at head dim {self.d} has no kernel lowering (its [D, D] matrix and the split tile "
+                f"exceed an SM's shared memory past D = {HADAMARD_MAX_D}); run the variant with af.backend('reference')"
+            )
         seed = op.seed.value.data
         key = f"hadamard_{seed}"
         self.hadamards[key] = seed

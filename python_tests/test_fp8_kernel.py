@@ -203,3 +203,13 @@ def test_empty_queries_or_keys(nq, nk):
     out, ref = _both(var, q, k, v)
     assert out.shape == (1, 2, nq, 16)
     assert torch.equal(out, ref.to(out.dtype))
+
+
+def test_head_dim_256():
+    # Without a rotation the FP8 kernels take D 256 (64-row quantization tiles); a Hadamard rotation
+    # there is refused by name (its matrix would not fit an SM's shared memory).
+    q, k, v = _inputs(hq=2, hkv=1, nq=20, nk=20, d=256)
+    out, ref = _both(_variant(None, 16, None), q, k, v)
+    assert _rel(out, ref) < 0.03
+    with af.backend("interpret"), pytest.raises(af.AttnFuseError, match="attn.hadamard at head dim 256 has no kernel"):
+        _variant(None, 16, hadamard=1)(q, k, v)
