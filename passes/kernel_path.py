@@ -260,7 +260,7 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
             f"got {entry}"
         )
     assert isinstance(entry, DictionaryAttr)
-    if _checked_fp8(v, path.data, entry, where):
+    if _checked_fp8(v, path.data, entry, sm, where):
         return FP8, 0
     _check_tanh(v, entry, sm, where)
     dq = entry.data.get("dq")
@@ -298,8 +298,9 @@ def _unmarked(v: AttentionChains) -> tuple[str, int]:
     return TRITON, 0
 
 
-def _checked_fp8(v: AttentionChains, path: str, entry: DictionaryAttr, where: str) -> bool:
-    """Whether an entry's path is "fp8", checked: exactly the functions in the FP8 form take it."""
+def _checked_fp8(v: AttentionChains, path: str, entry: DictionaryAttr, sm: int, where: str) -> bool:
+    """Whether an entry's path is "fp8", checked: exactly the functions in the FP8 form take it,
+    and e4m3 products only GPUs that have them (sm 89 and up)."""
     if (path == FP8) != quantizes(v):
         raise DiagnosticException(
             f'{where} says "{path}", but the function is {"" if quantizes(v) else "not "}in the FP8 form: '
@@ -307,6 +308,8 @@ def _checked_fp8(v: AttentionChains, path: str, entry: DictionaryAttr, where: st
         )
     if path == FP8:
         fp8_refusal(v, entry, where)
+        if entry.data.get("mma") == StringAttr("e4m3") and sm < 89:
+            raise DiagnosticException(f'{where} says mma = "e4m3", but sm {sm} has no e4m3 tensor cores: "f32"')
     return path == FP8
 
 
@@ -414,7 +417,8 @@ class KernelPathPass(ModulePass):
     runs as the GPU's approximate instruction, and `dq = "reduce"` on a Gluon backward whose dQ
     is added up by TMA reduce-adds (`dq-reduce`). With `decode`: `{path = "decode", page_size,
     waves, min_split_keys, splits}` (the decode kernels and their split cost model); with
-    `varlen`: `{path = "varlen", reason}`; a forward in the FP8 form: `{path = "fp8", mma, reason}`."""
+    `varlen`: `{path = "varlen", reason}`; a forward in the FP8 form: `{path = "fp8", mma, reason}`,
+    with `kernel = "gluon-sm90"` and `min_len` where the sm90 Gluon kernel takes its attention."""
 
     name = "kernel-path"
 
