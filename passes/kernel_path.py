@@ -65,7 +65,9 @@ instruction measured 1.12-1.43x forward and 1.01-1.38x backward, H200 2026-12-02
 forward and backward; `exact` neither. Never for the interpreter, which cannot run it, nor for
 f32 inputs.
 
-What the Gluon kernel takes: bf16/fp16, head dim 64 or 128 (q, k and v alike), any forward
+What the Gluon kernel takes: bf16/fp16, head dim 64, 128 or 256 (q, k and v alike; at 256 its K/V
+blocks are 64 keys in a 2-deep ring, compiled for sm90 on the CPU but not yet run on a GPU, so
+chosen only where `head-dims` names it), any forward
 variant: a causal mask or none it applies itself; other masks, biases, softcap and score_mod
 reach it as generated functions (convert-attn-to-tl's `tl.device_fn`s: the KV range and the
 score ops), a sink in its epilogue. Where it is chosen is measured (H200, 2026-12-01,
@@ -123,6 +125,8 @@ DECODE_WAVES = 2
 DECODE_MIN_SPLIT_KEYS = 256
 """The fewest cache keys a decode split reads (a shorter split costs more in the combine than it
 saves)."""
+GLUON_FORWARD_HEAD_DIMS = (64, 128, 256)
+"""Head dims the Gluon forward compiles for (at 256: 64-key blocks in a 2-deep ring)."""
 GLUON_HEAD_DIMS = (128,)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
@@ -144,9 +148,13 @@ def gluon_refusal(
     if len(types) != 1 or not isinstance(next(iter(types)), BFloat16Type | Float16Type):
         return "q, k and v are not all bf16 or all f16"
     dims = {t.get_shape()[3] for t in (v.q_type, v.k_type, v.v_type)}
-    if len(dims) != 1 or next(iter(dims)) not in (64, 128):
-        return f"head dims {sorted(dims)}: the Gluon kernel takes 64 or 128, the same for q, k and v"
+    takes = (64, 128) if v.is_backward else GLUON_FORWARD_HEAD_DIMS
+    if len(dims) != 1 or next(iter(dims)) not in takes:
+        takes_text = ", ".join(map(str, takes[:-1])) + f" or {takes[-1]}"
+        return f"head dims {sorted(dims)}: the Gluon kernel takes {takes_text}, the same for q, k and v"
     if next(iter(dims)) not in head_dims:
+        if next(iter(dims)) == 256:
+            return "head dim 256: not chosen unless kernel-path's head-dims names it (not yet measured on a GPU)"
         return f"head dim {next(iter(dims))}: the generic kernel is as fast or faster there (measured)"
     if seq_len < min_len:
         return f"compiled for N <= {seq_len}, below the Gluon kernel's min-len {min_len}"
@@ -244,9 +252,9 @@ def reduces_dq(f: object) -> bool:
 def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     """`kernel_path` of `v`'s function, checked against the function and the target `sm`: an
     `attn.kernel_path` written by hand (or left from another target) must name a known path,
-    give the Gluon kernel only a function it takes on sm 90 (a forward; q, k and v all bf16 or
-    all f16; one head dim, 64 or 128; an integer min_len of at least 128), and its approximate
-    tanh only to bf16/f16 inputs on a GPU. A DiagnosticException names the function and what
+    give the Gluon kernel only a function it takes on sm 90 (q, k and v all bf16 or all f16; one
+    head dim, 64, 128 or 256, 64 or 128 for a backward; an integer min_len of at least 128), and
+    its approximate tanh only to bf16/f16 inputs on a GPU. A DiagnosticException names the function and what
     is wrong."""
     f = v.func
     where = f"func @{f.sym_name.data}: attn.kernel_path"
@@ -277,7 +285,7 @@ def checked_kernel_path(v: AttentionChains, sm: int) -> tuple[str, int]:
     if not isinstance(min_len, IntegerAttr) or min_len.value.data < GLUON_BLOCK:
         raise DiagnosticException(f"{where} says {GLUON} with min_len {min_len}: expected an integer >= {GLUON_BLOCK}")
     n = min_len.value.data
-    reason = gluon_refusal(v, sm, n, n, (64, 128))
+    reason = gluon_refusal(v, sm, n, n, GLUON_FORWARD_HEAD_DIMS)
     if reason is not None:
         raise DiagnosticException(
             f"{where} says {GLUON}, but the Gluon kernel cannot compute it: {reason} (run kernel-path to choose)"
@@ -429,7 +437,8 @@ class KernelPathPass(ModulePass):
     gluon: bool = True
     """false: always the generic Triton kernel (the baseline the Gluon path is measured against)."""
     head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
-    """Head dims the Gluon kernel is chosen for (64 and/or 128; default: where it measured faster)."""
+    """Head dims the Gluon forward is chosen for (among 64, 128 and 256; default: where it measured
+    faster). 256 compiles for sm90 (197 KB of shared memory, no spills) but is not yet measured."""
     min_len: int = 2048
     """Shortest sequence the Gluon kernel runs for a variant without Q transforms (shorter
     calls are launch-bound: the generic kernel's direct launch costs less host time)."""
@@ -472,8 +481,8 @@ class KernelPathPass(ModulePass):
         for name, value in (("min-len", self.min_len), ("min-len-transformed", self.min_len_transformed)):
             if value < 128:
                 raise ValueError(f"kernel-path {name} must be >= 128, got {value}")
-        if not set(self.head_dims) <= {64, 128}:
-            raise ValueError(f"kernel-path head-dims must be among 64 and 128, got {list(self.head_dims)}")
+        if not set(self.head_dims) <= set(GLUON_FORWARD_HEAD_DIMS):
+            raise ValueError(f"kernel-path head-dims must be among 64, 128 and 256, got {list(self.head_dims)}")
         sm = check_sm(target_option(op, "sm", self.sm, 90), self.name)
         seq_len = target_option(op, "seq_len", self.seq_len, 4096)
         for f in variant_funcs(op):

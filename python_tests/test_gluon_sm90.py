@@ -143,6 +143,35 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     _check_sm90_binary(compile_for_sm90(real, launch_args, kwargs, num_warps=kwargs["num_warps"]))
 
 
+@pytest.mark.parametrize(
+    "score_ops,rope",
+    [(["attn.mask {s} causal"], True), (["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"], False)],
+    ids=["rope-causal", "gemma2-softcap-window"],
+)
+def test_head_dim_256_compiles_for_sm90(score_ops: list[str], rope: bool, tmp_path) -> None:
+    # Head dim 256 (Gemma 2 and 3), on request (head-dims): 64-key K/V blocks in a 2-deep ring,
+    # the Q tile's RoPE in the consumers; within an SM's shared memory, no spills.
+    from kernel_harness import variant
+
+    from attnfuse.cache import load_source
+
+    q_ops = ["attn.rope {x} half theta = 10000.0 rotary_dim = 256"] if rope else []
+    ir = variant(dtype=torch.bfloat16, hq=16, hkv=8, d=256, q_ops=q_ops, k_ops=q_ops, score_ops=score_ops)
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(128, 256)).source
+    assert "_gluon_attention(" in source
+    module = load_source(source, tmp_path, interpret=False)
+    real, capture = module.attn_fwd_sm90, _Capture()
+    module.attn_fwd_sm90 = capture
+    module._gluon_fits = lambda *args: True
+    module._launch = lambda *args: None  # K's pre-rotation (a Triton kernel: no GPU here)
+    q, k = torch.zeros(1, 16, 256, 256, dtype=torch.bfloat16), torch.zeros(1, 8, 256, 256, dtype=torch.bfloat16)
+    module.launch(q, k, k)
+    ((launch_args, kwargs),) = capture.calls
+    assert kwargs["STAGES"] == 2 and launch_args[1].block_shape == [64, 256]
+    kernel = compile_for_sm90(real, launch_args, kwargs, num_warps=kwargs["num_warps"])
+    _check_sm90_binary(kernel)
+
+
 def _qkv(nq: int, nk: int, offset: int = 0) -> list[torch.Tensor]:
     flat = torch.zeros(8 * nq * 64 + offset, dtype=torch.float16)
     q = flat[offset:].view(1, 8, nq, 64)

@@ -68,6 +68,12 @@ from attnfuse.targets.triton.gluon_common import (
 
 # fmt: off
 _GL_BLOCK = 128
+
+
+def _gl_kv_rows(head_d):
+    """Keys per K/V block and ring depth: 128 keys in a 3-deep ring up to head dim 128; at 256,
+    64 keys in a 2-deep ring (shared memory: the Q tile and four 32 KB blocks)."""
+    return (_GL_BLOCK, 3) if head_d <= 128 else (_GL_BLOCK // 2, 2)
 _GL_LOG2E = 1.4426950408889634
 
 
@@ -458,7 +464,7 @@ def _gl_layouts(head_d, dtype, out_dtype=None):
     channel-major V block."""
     dt, ot = _GL_DTYPES[dtype], _GL_DTYPES[out_dtype or dtype]
     return (gl.NVMMASharedLayout.get_default_for([_GL_BLOCK, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GL_BLOCK, head_d], dt),
+            gl.NVMMASharedLayout.get_default_for([_gl_kv_rows(head_d)[0], head_d], dt),
             gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], ot),
             gl.NVMMASharedLayout.get_default_for([head_d, _GL_BLOCK], dt))
 
@@ -506,7 +512,8 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
         return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d], layout)
 
     fp8_scales = None
-    v_desc = desc(v, _GL_BLOCK, kv_layout) if fp8 is None else None
+    kv_rows, stages = _gl_kv_rows(d)
+    v_desc = desc(v, kv_rows, kv_layout) if fp8 is None else None
     if fp8 is not None:
         q_scale, k_scale, v_scale, q_block, kv_block = fp8
         vt = v.transpose(2, 3).reshape(-1, n)  # the contiguous [B * Hkv * D, N] storage
@@ -525,7 +532,7 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
         sink = sink.contiguous()
     mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
     grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
-    args = (desc(q, _GL_BLOCK, q_layout), desc(k, _GL_BLOCK, kv_layout), v_desc,
+    args = (desc(q, _GL_BLOCK, q_layout), desc(k, kv_rows, kv_layout), v_desc,
             desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, fp8_scales, n,
             group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
@@ -535,8 +542,8 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
            None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
     binary = _GL_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
-        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=3, RANGE=rng, SCORE_FULL=full,
+        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=stages, RANGE=rng, SCORE_FULL=full,
                                                 SCORE_MASKED=masked, NATURAL=natural, num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, causal, 3, rng, full, masked, natural)
+        binary[grid](*args, causal, stages, rng, full, masked, natural)
     return out

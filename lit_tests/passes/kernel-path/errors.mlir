@@ -15,7 +15,7 @@
 // TANH:       attnfuse-opt: error: {{.*}}Incompatible types: given ('fast',), expected typing.Literal['auto', 'approx', 'exact']
 
 // RUN: not attnfuse-opt %s -p 'kernel-path{head-dims=32}' 2>&1 | filecheck %s --check-prefix=DIMS
-// DIMS:       attnfuse-opt: error: kernel-path head-dims must be among 64 and 128, got [32]
+// DIMS:       attnfuse-opt: error: kernel-path head-dims must be among 64, 128 and 256, got [32]
 
 func.func @f(%q: tensor<?x2x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>) -> tensor<?x2x?x64xf16> {
   %s = attn.qk %q, %k : tensor<?x2x?x64xf16>, tensor<?x2x?x64xf16> -> !attn.scores<2>

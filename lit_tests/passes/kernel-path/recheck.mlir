@@ -20,7 +20,7 @@ func.func @f32(%q: tensor<?x2x?x128xf32>, %k: tensor<?x2x?x128xf32>, %v: tensor<
 // -----
 
 // A head dim the Gluon kernel has no tiles for.
-// CHECK:  func @d32: attn.kernel_path says gluon-sm90, but the Gluon kernel cannot compute it: head dims [32]: the Gluon kernel takes 64 or 128, the same for q, k and v (run kernel-path to choose)
+// CHECK:  func @d32: attn.kernel_path says gluon-sm90, but the Gluon kernel cannot compute it: head dims [32]: the Gluon kernel takes 64, 128 or 256, the same for q, k and v (run kernel-path to choose)
 func.func @d32(%q: tensor<?x2x?x32xbf16>, %k: tensor<?x2x?x32xbf16>, %v: tensor<?x2x?x32xbf16>) -> tensor<?x2x?x32xbf16> attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}, attn.tiling = {block_m = 32 : i64, block_n = 32 : i64, num_warps = 4 : i64, num_stages = 1 : i64}} {
   %s = attn.qk %q, %k : tensor<?x2x?x32xbf16>, tensor<?x2x?x32xbf16> -> !attn.scores<2>
   %p = attn.softmax %s : !attn.scores<2> -> !attn.probs<2>
