@@ -394,22 +394,33 @@ class ForwardLowering(KernelLowering):
 
     # ------------------------------------------------------------------ the launcher
     def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
-        """`launch`: allocate the outputs (and K's transformed copy), build the RoPE tables,
-        run the kernels in order (the last by `main_launch`), return (out, lse)."""
-        q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        """`launch`: allocate the outputs (and `scratch_allocs`), build the RoPE tables, run the
+        kernels in order (each by `launch_ops`, the last by `main_launch`), return (out, lse)."""
+        q = self.host_name(self.chains.q_arg)
         ops: list[Operation] = [
             alloc_like("out", q, self.hq, self.dv, self.dtype),
             tl.AllocOp(
                 "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
             ),
         ]
-        if self.k_placement == Placement.PREROTATE:
-            ops.append(alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
+        ops += self.scratch_allocs()
         ops += self.rope_host_ops(f"{q}.device")
-        ops += [call_op(c) for c in calls[:-1]]
+        for c in calls[:-1]:
+            ops += self.launch_ops(c)
         ops.append(self.main_launch(call_op(calls[-1])))
         ops.append(tl.HostReturnOp(["out", "lse"]))
         return tl.LauncherOp("launch", self.launcher_params(), ops)
+
+    def scratch_allocs(self) -> list[Operation]:
+        """The launcher's tensors for the kernels before the attention: K's transformed copy when
+        it is pre-rotated."""
+        if self.k_placement != Placement.PREROTATE:
+            return []
+        return [alloc_like("k_rot", self.host_name(self.chains.k_arg), self.hkv, self.d, self.kdtype)]
+
+    def launch_ops(self, c: KernelCall) -> list[Operation]:
+        """The launcher's ops for one kernel before the attention: its launch."""
+        return [call_op(c)]
 
     def launcher_params(self) -> list[str]:
         """The launcher's parameters: the function's arguments."""

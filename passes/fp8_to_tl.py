@@ -272,29 +272,20 @@ class Fp8Lowering(ForwardLowering):
         return {"acc": ib.dot(a, b, acc_u, precision, hint="acc_new"), "v_unit": unit}
 
     # ------------------------------------------------------------------ the launcher
-    def launcher(self, calls: list[KernelCall]) -> tl.LauncherOp:
-        """`launch`: allocate the outputs, the e4m3 copies and their scales, build the RoPE and
-        Hadamard tables, quantize, attend; return (out, lse)."""
-        q = self.host_name(self.chains.q_arg)
-        ops: list[Operation] = [
-            alloc_like("out", q, self.hq, self.dv, self.dtype),
-            tl.AllocOp(
-                "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
-            ),
-        ]
-        for qz in self.quantized.values():
-            ops += self.quantized_allocs(qz)
-        ops += self.rope_host_ops(f"{q}.device")
-        for c in calls[:-1]:
-            ops.append(call_op(c))
-            callee = c.kernel.sym_name.data
-            if callee.startswith("amax_"):
-                w = callee.removeprefix("amax_")
-                largest = f"{w}_amax.amax(0, keepdim=True) if {w}_amax.numel() else {w}_amax.new_zeros(1)"
-                ops.append(tl.HostAssignOp(f"{w}_amax_all", largest))
-        ops.append(self.main_launch(call_op(calls[-1])))
-        ops.append(tl.HostReturnOp(["out", "lse"]))
-        return tl.LauncherOp("launch", self.launcher_params(), ops)
+    def scratch_allocs(self) -> list[Operation]:
+        """The e4m3 copies, their scales and the per-tensor maxima (`quantized_allocs`)."""
+        return [op for qz in self.quantized.values() for op in self.quantized_allocs(qz)]
+
+    def launch_ops(self, c: KernelCall) -> list[Operation]:
+        """A quantization kernel's launch; after a maxima kernel, the largest of its maxima (the
+        per-tensor maximum; 0 for an empty tensor, whose scale is then 1)."""
+        ops: list[Operation] = [call_op(c)]
+        callee = c.kernel.sym_name.data
+        if callee.startswith("amax_"):
+            w = callee.removeprefix("amax_")
+            largest = f"{w}_amax.amax(0, keepdim=True) if {w}_amax.numel() else {w}_amax.new_zeros(1)"
+            ops.append(tl.HostAssignOp(f"{w}_amax_all", largest))
+        return ops
 
     def main_launch(self, generic: tl.CallOp) -> Operation:
         """The attention kernel's launch: where kernel-path chose the sm90 Gluon kernel, `if
