@@ -390,20 +390,19 @@ class Variant:
         validation.check_against_trace(trace, q, k, v, extras)
         select = self._selector(full, len(extras))
         mode = kernel_mode(backend_name, q)
+        forward_only = validation.forward_only(trace)
         if mode == "reference":
             cache.warn_reference_dumps_nothing()  # ATTNFUSE_DUMP_IR: the reference compiles nothing
             module = trace.module
             target: autograd.OpTarget = autograd.register(autograd.ReferenceTarget(trace))
-            forward_only = validation.forward_only(trace)
 
             def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]) -> torch.Tensor:
                 tensors = cast(tuple[torch.Tensor, ...], extras if select is None else select(extras))
-                if forward_only and torch.is_grad_enabled() and _needs_grad(q, k, v, tensors):
-                    raise AttnFuseError(f"{self.__name__}: {forward_only}")
+                if forward_only and _needs_grad(q, k, v, tensors):
+                    _refuse_forward_only(self.__name__, forward_only)
                 return run_reference(module, q, k, v, *tensors, compute_dtype=reference_dtype(q)).to(q.dtype)
 
         else:
-            forward_only = validation.forward_only(trace)
             if _needs_grad(q, k, v, full):  # before compiling anything
                 _refuse_forward_only(self.__name__, forward_only)
                 names = [n for n, x in zip(self.arg_names, (q, k, v, *full), strict=True) if _requires_grad(x)]
