@@ -12,6 +12,9 @@ KV blocks. The backward sweep runs the residues where a bound can slip (0, 1, 2,
 BLOCK - 2 .. BLOCK + 1, and Nq > Nk) in fp32 on 16x16 tiles, dq, dk and dv against float64
 autograd through the reference executor. (A dK/dV kernel whose KV block ended one key early
 was wrong only at Nk - Nq = BLOCK - 2: it fails here.)
+
+The FP8 kernels run the forward's residues too, with scale blocks that do and do not tile the
+blocks (a key's scale read one row off fails there).
 """
 
 from __future__ import annotations
@@ -106,3 +109,35 @@ def test_backward_at_every_bound_residue(kdir, name):
             _check_gradients(bwd, ir, args)
         except AssertionError as e:
             raise AssertionError(f"{name}: Nq={nq}, Nk={nq + offset} (Nk - Nq = {offset})\n{e}") from e
+
+
+# The FP8 kernels (kernel path `fp8`): q and k quantized with scale blocks that do and do not
+# tile the 16-row blocks (gathered per row and key), the same residues as the forward sweep. V
+# stays fp32, so the kernel reproduces the reference's e4m3 values and its output to fp32 rounding.
+FP8_CLASSES = {
+    "causal-blocks-8-24": ("8", "24", MASK_CLASSES["causal"]),
+    "window-per-tensor-16": ("0", "16", MASK_CLASSES["window_wide"]),
+    "custom-causal-32-per-tensor": ("32", "0", MASK_CLASSES["custom_causal"]),
+}
+
+
+@pytest.mark.parametrize("name", list(FP8_CLASSES))
+def test_fp8_every_offset_within_a_block(kdir, name):
+    q_block, k_block, score_ops = FP8_CLASSES[name]
+    ir = variant(
+        dtype=torch.float32,
+        d=16,
+        hq=2,
+        hkv=1,
+        q_ops=[f"attn.quantize {{x}} e4m3 block = {q_block}"],
+        k_ops=[f"attn.quantize {{x}} e4m3 block = {k_block}"],
+        score_ops=score_ops,
+    )
+    nq = 2 * BLOCK + 3
+    for offset in OFFSETS:
+        args = qkv(hq=2, hkv=1, d=16, nq=nq, nk=nq + offset, dtype=torch.float32, seed=offset + 300)
+        try:
+            source = check(ir, args, kdir, atol=1e-5, block_m=BLOCK, block_n=BLOCK)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: Nq={nq}, Nk={nq + offset} (Nk - Nq = {offset})\n{e}") from e
+    assert "def quantize_q(" in source
