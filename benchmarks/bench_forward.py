@@ -63,7 +63,7 @@ import torch.nn.functional as F  # noqa: E402
 QUICK_NS = (1024, 4096, 16384)
 QUICK_VARIANTS = ("causal", "rope_causal")
 # Most important first: when the time budget runs out, what is left is the least needed.
-PRIORITY = ("rope_causal", "causal", "qknorm_rope", "softcap", "alibi", "sliding_window")
+PRIORITY = ("rope_causal", "causal", "qknorm_rope", "softcap", "alibi", "sliding_window", "softcap_window")
 SMOKE_NS = (80,)
 SMOKE_WINDOW = 32
 
@@ -249,7 +249,10 @@ class Runner:
 
     def job(self, variant: C.BenchVariant, shape: C.Shape, n: int, mode: str) -> C.KernelJob:
         if mode == "auto":
-            return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode="auto")
+            options: dict[str, Any] = {"rope_mode": "auto"}
+            if self.args.gluon_head_dims:
+                options["gluon_head_dims"] = tuple(int(x) for x in self.args.gluon_head_dims.split(","))
+            return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, **options)
         rope_mode = "auto" if mode == "generic" else mode
         return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode=rope_mode, gluon=False)
 
@@ -560,7 +563,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, type=Path, help="folder for forward.json and forward.md")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_NS}, variants {QUICK_VARIANTS}")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(C.VARIANTS)}")
-    ap.add_argument("--shapes", default=None, help="comma-separated subset of paper,llama")
+    ap.add_argument("--shapes", default=None, help="comma-separated subset of paper,llama,gemma2 (default paper,llama)")
+    ap.add_argument(
+        "--gluon-head-dims",
+        default=None,
+        help="kernel-path's head-dims for the auto build, e.g. 64,128,256 (default: the pipeline's own)",
+    )
     ap.add_argument("--ns", default=None, help="comma-separated sequence lengths")
     ap.add_argument("--skip", default="", help="comma-separated shape:N cases to leave out, e.g. paper:16384")
     ap.add_argument("--window", type=int, default=None, help=f"sliding window (default {C.WINDOW})")
@@ -594,7 +602,7 @@ def selection(args: argparse.Namespace) -> tuple[list[C.BenchVariant], dict[str,
     vnames = pick(args.variants, QUICK_VARIANTS if args.quick else PRIORITY, C.VARIANTS, "variant")
     vnames = [v for v in PRIORITY if v in vnames]
     all_shapes = C.SMOKE_SHAPES if args.cpu_smoke else C.SHAPES
-    snames = pick(args.shapes, tuple(all_shapes), all_shapes, "shape")
+    snames = pick(args.shapes, C.DEFAULT_SHAPES, all_shapes, "shape")
     default_ns = SMOKE_NS if args.cpu_smoke else QUICK_NS if args.quick else C.SEQ_LENS
     ns = [int(x) for x in pick(args.ns, tuple(map(str, default_ns)), None, "N")]
     return [C.VARIANTS[v] for v in vnames], {s: all_shapes[s] for s in snames}, ns

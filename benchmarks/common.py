@@ -12,12 +12,14 @@ The benchmark variants (all with Nq = Nk = N, queries at positions 0..N-1):
   blocks it visits are still full (unmasked): the mix that long-context models with
   windows of 1k-4k (Mistral, Gemma 2) produce.
 - `softcap`: scores capped with 50 tanh(s / 50) (Gemma 2's value), then causal.
+- `softcap_window`: the same cap, then the causal window (Gemma 2's local layers).
 - `alibi`: ALiBi bias slopes[h] * (kv_pos - q_pos) with BLOOM's slopes, then causal.
 - `qknorm_rope`: RMSNorm of q and k over the head dim (eps 1e-6, a learned weight per
   channel), then RoPE as in `rope_causal`, causal (Qwen3's pattern).
 
-The shapes: `paper` (B=4, H=12, D=64, fp16, the AttnFuse paper's) and `llama`
-(B=1, Hq=32, Hkv=8, D=128, bf16, Llama-3-8B's attention).
+The shapes: `paper` (B=4, H=12, D=64, fp16, the AttnFuse paper's), `llama`
+(B=1, Hq=32, Hkv=8, D=128, bf16, Llama-3-8B's attention) and, only when asked for,
+`gemma2` (B=1, Hq=16, Hkv=8, D=256, bf16, Gemma-2-9B's).
 
 Scripts import this file as `common` (they put its folder first on sys.path).
 """
@@ -79,13 +81,17 @@ class Shape:
 SHAPES = {
     "paper": Shape("paper", 4, 12, 12, 64, torch.float16),
     "llama": Shape("llama", 1, 32, 8, 128, torch.bfloat16),
+    # Gemma-2-9B's attention (head dim 256); only when asked for (--shapes gemma2).
+    "gemma2": Shape("gemma2", 1, 16, 8, 256, torch.bfloat16),
 }
+DEFAULT_SHAPES = ("paper", "llama")
 
 # Tiny shapes for --cpu-smoke (the Triton interpreter): fp16, because bf16 tl.dot is
 # wrong under the 3.6 interpreter.
 SMOKE_SHAPES = {
     "paper": Shape("paper", 1, 2, 2, 32, torch.float16),
     "llama": Shape("llama", 1, 4, 2, 32, torch.float16),
+    "gemma2": Shape("gemma2", 1, 4, 2, 64, torch.float16),
 }
 
 
@@ -124,6 +130,7 @@ VARIANTS = {
         BenchVariant("rope_causal", rope=True),
         BenchVariant("sliding_window", mask="sliding_window"),
         BenchVariant("softcap", softcap=SOFTCAP),
+        BenchVariant("softcap_window", mask="sliding_window", softcap=SOFTCAP),
         BenchVariant("alibi", alibi=True),
         BenchVariant("qknorm_rope", rope=True, qknorm=True),
     )

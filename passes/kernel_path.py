@@ -66,8 +66,7 @@ forward and backward; `exact` neither. Never for the interpreter, which cannot r
 f32 inputs.
 
 What the Gluon kernel takes: bf16/fp16, head dim 64, 128 or 256 (q, k and v alike; at 256 its K/V
-blocks are 64 keys in a 2-deep ring, compiled for sm90 on the CPU but not yet run on a GPU, so
-chosen only where `head-dims` names it), any forward
+blocks are 64 keys in a 2-deep ring), any forward
 variant: a causal mask or none it applies itself; other masks, biases, softcap and score_mod
 reach it as generated functions (convert-attn-to-tl's `tl.device_fn`s: the KV range and the
 score ops), a sink in its epilogue. Where it is chosen is measured (H200, 2026-12-01,
@@ -76,6 +75,9 @@ benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
   1.03-1.17x cuDNN (with a separate RoPE for RoPE variants); 1.12-1.58x the generic kernel for
   every other family measured (windows, prefix-LM, documents, ALiBi, sinks, softcap and
   score_mods, with tanh by the approximate instruction);
+- head dim 256 (Gemma-2-9B's shape, H200 2026-12-02, run_2026-12-02_d256/): 1.81-1.98x the
+  generic kernel for causal, 1.85-2.05x for RoPE+causal, 2.22x for softcap + window 4096, from
+  N = 2048 (and 0.84-1.10x cuDNN);
 - head dim 64 (the paper shape): 0.93-1.10x the generic kernel with RoPE or QK-norm (Q's
   pre-rotation pass costs about what the kernel gains) and 1.00-1.02x without, so it keeps
   the generic kernel (`GLUON_HEAD_DIMS`);
@@ -127,7 +129,7 @@ DECODE_MIN_SPLIT_KEYS = 256
 saves)."""
 GLUON_FORWARD_HEAD_DIMS = (64, 128, 256)
 """Head dims the Gluon forward compiles for (at 256: 64-key blocks in a 2-deep ring)."""
-GLUON_HEAD_DIMS = (128,)
+GLUON_HEAD_DIMS = (128, 256)
 """Head dims the Gluon kernel is chosen for (it compiles and is correct for 64 too; see the
 module docstring for why 64 is not chosen)."""
 
@@ -153,9 +155,9 @@ def gluon_refusal(
         takes_text = ", ".join(map(str, takes[:-1])) + f" or {takes[-1]}"
         return f"head dims {sorted(dims)}: the Gluon kernel takes {takes_text}, the same for q, k and v"
     if next(iter(dims)) not in head_dims:
-        if next(iter(dims)) == 256:
-            return "head dim 256: not chosen unless kernel-path's head-dims names it (not yet measured on a GPU)"
-        return f"head dim {next(iter(dims))}: the generic kernel is as fast or faster there (measured)"
+        if next(iter(dims)) == 64:
+            return "head dim 64: the generic kernel is as fast or faster there (measured)"
+        return f"head dim {next(iter(dims))}: not among kernel-path's head-dims {list(head_dims)}"
     if seq_len < min_len:
         return f"compiled for N <= {seq_len}, below the Gluon kernel's min-len {min_len}"
     return None
@@ -438,7 +440,7 @@ class KernelPathPass(ModulePass):
     """false: always the generic Triton kernel (the baseline the Gluon path is measured against)."""
     head_dims: tuple[int, ...] = GLUON_HEAD_DIMS
     """Head dims the Gluon forward is chosen for (among 64, 128 and 256; default: where it measured
-    faster). 256 compiles for sm90 (197 KB of shared memory, no spills) but is not yet measured."""
+    faster than the generic kernel, 128 and 256)."""
     min_len: int = 2048
     """Shortest sequence the Gluon kernel runs for a variant without Q transforms (shorter
     calls are launch-bound: the generic kernel's direct launch costs less host time)."""

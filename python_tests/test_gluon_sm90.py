@@ -149,7 +149,7 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     ids=["rope-causal", "gemma2-softcap-window"],
 )
 def test_head_dim_256_compiles_for_sm90(score_ops: list[str], rope: bool, tmp_path) -> None:
-    # Head dim 256 (Gemma 2 and 3), on request (head-dims): 64-key K/V blocks in a 2-deep ring,
+    # Head dim 256 (Gemma 2 and 3), chosen by default: 64-key K/V blocks in a 2-deep ring,
     # the Q tile's RoPE in the consumers; within an SM's shared memory, no spills.
     from kernel_harness import variant
 
@@ -157,7 +157,7 @@ def test_head_dim_256_compiles_for_sm90(score_ops: list[str], rope: bool, tmp_pa
 
     q_ops = ["attn.rope {x} half theta = 10000.0 rotary_dim = 256"] if rope else []
     ir = variant(dtype=torch.bfloat16, hq=16, hkv=8, d=256, q_ops=q_ops, k_ops=q_ops, score_ops=score_ops)
-    source = compile_module(parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(128, 256)).source
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
     assert "_gluon_attention(" in source
     module = load_source(source, tmp_path, interpret=False)
     real, capture = module.attn_fwd_sm90, _Capture()

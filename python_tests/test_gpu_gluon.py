@@ -4,8 +4,7 @@ reference executor in float64 on the CPU (same inputs), in bf16 and fp16.
 For each variant family (plain causal, no mask, RoPE + causal with GQA, Qwen3's QK-norm + RoPE
 (both applied to Q inside the Gluon kernel, head dims 128 and 64), an interleaved RoPE (Q rotated by rotate_q first),
 an RMSNorm alone,
-head dims 64 and 256 (on request: gluon_head_dims; 256 added without a GPU run yet, 2026-12-02) and
-128; through the generated score functions:
+head dims 64 (on request: gluon_head_dims), 128 and 256; through the generated score functions:
 Gemma 2's RoPE + softcap + window, windows, prefix-LM, softcap without a mask, ALiBi, sinks with
 and without a window, packed documents, a score_mod and a custom mask with an extra tensor whose
 first row keeps no key), the generated module (min-len 2048 for every variant:
@@ -127,7 +126,7 @@ CASES = {
         None,
     ),
     "window-f16": (1, 8, 8, 128, torch.float16, dict(score_ops=["attn.mask {s} sliding_window(128)"]), None),
-    # Head dim 256 (Gemma 2 and 3: 64-key blocks in a 2-deep ring), on request (head-dims).
+    # Head dim 256 (Gemma 2 and 3: 64-key blocks in a 2-deep ring).
     "rope-causal-d256-bf16": (1, 4, 2, 256, torch.bfloat16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
     "gemma2-softcap-window-d256-bf16": (
         1,

@@ -6,6 +6,9 @@ gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-p
 
     python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
 
+With --kernels, also the Gluon backward's time per kernel (torch.profiler's CUDA times of 20
+launches, per launch) in DIR/backward_kernels.md: which kernel to work on.
+
 Writes DIR/backward_ab.md and .json. TFLOP/s count 2.5x the forward's 4 B Hq D per kept
 (query, key) pair: N(N+1)/2 pairs under a causal mask, wN - w(w-1)/2 under a window of w.
 """
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--ns", default="4096,16384")
     ap.add_argument("--shapes", default="llama,paper")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--kernels", action="store_true", help="also time the Gluon backward's kernels one by one")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp())
@@ -60,6 +64,12 @@ def main() -> None:
         "| shape | variant | N | generic ms (TFLOP/s) | Gluon ms (TFLOP/s) | Gluon, dQ by reduce-add ms "
         "| Gluon / generic |",
         "|---|---|---|---|---|---|---|",
+    ]
+    kernel_lines = [
+        "# The Gluon backward's kernels (CUDA time per launch, torch.profiler, 20 launches)",
+        "",
+        "| shape | variant | N | kernels (µs) |",
+        "|---|---|---|---|",
     ]
     for shape in args.shapes.split(","):
         b, hq, hkv, d, dtype = SHAPES[shape]
@@ -89,6 +99,9 @@ def main() -> None:
                     times[label] = triton.testing.do_bench(
                         lambda bwd=bwd, call=call: bwd.launch(*call), return_mode="median"
                     )
+                    if args.kernels and label == "gluon":
+                        kernel_lines.append(f"| {shape} | {name} | {n} | {kernel_times(bwd, call)} |")
+                        (args.out / "backward_kernels.md").write_text("\n".join(kernel_lines) + "\n")
                 errs = [
                     ((a.double() - r.double()).norm() / r.double().norm()).item()
                     for label in ("gluon", "reduce")
@@ -109,6 +122,23 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 (args.out / "backward_ab.json").write_text(json.dumps(rows, indent=1))
                 (args.out / "backward_ab.md").write_text("\n".join(lines) + "\n")
+
+
+def kernel_times(bwd, call, launches: int = 20) -> str:
+    """Each CUDA kernel's time per launch of `bwd.launch(*call)`, longest first, in µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bwd.launch(*call)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(launches):
+            bwd.launch(*call)
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.device_time_total > 0:
+            totals[ev.key] = totals.get(ev.key, 0.0) + ev.device_time_total / launches
+    return ", ".join(f"{k[:40]} {t:.0f}" for k, t in sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// kernel-path: on sm 90 an attention in bf16/fp16 with head dim 128 (64 and 256 on request: head-dims)
+// kernel-path: on sm 90 an attention in bf16/fp16 with head dim 128 or 256 (64 on request: head-dims)
 // takes the Gluon kernel (with the shortest length it runs), whatever its masks, score ops and
 // sink; anything else keeps the generic Triton kernel, and the attribute says why.
 
@@ -9,7 +9,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len-transformed=512}' | filecheck %s --check-prefix=MINLEN
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
-// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=128,256}' | filecheck %s --check-prefix=D256
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=128}' | filecheck %s --check-prefix=D128
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 tanh=exact}' | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 tanh=approx}' | filecheck %s --check-prefix=APPROX
 //
@@ -121,8 +121,8 @@ func.func @sink(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tens
 
 // -----
 
-// CHECK:  attn.kernel_path = {path = "triton", reason = "head dim 256: not chosen unless kernel-path's head-dims names it (not yet measured on a GPU)"}
-// D256:   func.func @d256({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// CHECK:  func.func @d256({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// D128:   attn.kernel_path = {path = "triton", reason = "head dim 256: not among kernel-path's head-dims [128]"}
 func.func @d256(%q: tensor<?x4x?x256xbf16>, %k: tensor<?x4x?x256xbf16>, %v: tensor<?x4x?x256xbf16>) -> tensor<?x4x?x256xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x256xbf16>, tensor<?x4x?x256xbf16> -> !attn.scores<4>
   %p = attn.softmax %s : !attn.scores<4> -> !attn.probs<4>
@@ -154,8 +154,10 @@ func.func @tanh_f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: te
 
 // -----
 
-// A score_mod's math.tanh counts; on the generic kernel only with tanh=approx.
-// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 256: not chosen unless kernel-path's head-dims names it (not yet measured on a GPU)"}}
+// A score_mod's math.tanh counts: on the Gluon kernel by default, on the generic one only with
+// tanh=approx.
+// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, tanh = "approx-gluon"}}
+// D128:   func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 256: not among kernel-path's head-dims [128]"}}
 // APPROX: func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
 func.func @tanh_mod(%q: tensor<?x4x?x256xf16>, %k: tensor<?x4x?x256xf16>, %v: tensor<?x4x?x256xf16>) -> tensor<?x4x?x256xf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x256xf16>, tensor<?x4x?x256xf16> -> !attn.scores<4>
