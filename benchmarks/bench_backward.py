@@ -738,7 +738,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, type=Path, help="folder for backward.json, .csv and .md")
     ap.add_argument("--quick", action="store_true", help=f"N in {QUICK_NS}")
     ap.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
-    ap.add_argument("--shapes", default=None, help="comma-separated subset of paper,llama")
+    ap.add_argument("--shapes", default=None, help="comma-separated subset of paper,llama,gemma2 (default paper,llama)")
     ap.add_argument("--ns", default=None, help=f"comma-separated sequence lengths (default {SEQ_LENS})")
     ap.add_argument("--skip", default="", help="comma-separated shape:N cases to leave out, e.g. paper:16384")
     ap.add_argument("--grad-tol", type=float, default=GRAD_TOL, help="largest relative L2 error of a gradient")
@@ -762,7 +762,7 @@ def selection(args: argparse.Namespace) -> list[tuple[Row, int]]:
 
     vnames = [v for v in VARIANTS if v in pick(args.variants, VARIANTS, VARIANTS, "variant")]
     all_shapes = C.SMOKE_SHAPES if args.cpu_smoke else C.SHAPES
-    snames = pick(args.shapes, tuple(all_shapes), tuple(all_shapes), "shape")
+    snames = pick(args.shapes, C.DEFAULT_SHAPES, tuple(all_shapes), "shape")
     default_ns = SMOKE_NS if args.cpu_smoke else QUICK_NS if args.quick else SEQ_LENS
     ns = [int(x) for x in pick(args.ns, tuple(map(str, default_ns)), None, "N")]
     skip = {tuple(x.split(":")) for x in args.skip.split(",") if x}

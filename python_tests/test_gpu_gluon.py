@@ -172,6 +172,21 @@ CASES = {
         ),
         lambda g, n: [torch.randn(8, generator=g).bfloat16() * 3],
     ),
+    # Head dim 64 (three consumer warpgroups, 192-row tiles) through the score functions, a sink
+    # and two batches: a last tile past N must not write into the next head's rows.
+    "document-window-sink-d64-bf16": (
+        2,
+        8,
+        2,
+        64,
+        torch.bfloat16,
+        dict(
+            score_ops=[CAUSAL, "attn.mask {s} document(%ids : tensor<?x?xi32>)", "attn.mask {s} sliding_window(300)"],
+            softmax="sink(%sk : tensor<8xf32>)",
+            extras=["%ids: tensor<?x?xi32>", "%sk: tensor<8xf32>"],
+        ),
+        lambda g, n: [_doc_ids(2, n), torch.randn(8, generator=g)],
+    ),
     "document-causal-bf16": (
         2,
         8,
@@ -260,6 +275,24 @@ def test_gluon_kernel_matches_the_reference(name: str, folder: Path) -> None:
     kern, calls = _module(ir, folder, 2048)
     args = _inputs(CASES[name], 2048, 2048)
     _check(kern, ir, args, [a.cuda() for a in args], name)
+    assert calls == [1], f"{name}: the Gluon kernel did not run"
+
+
+D64_CASES = [name for name, case in CASES.items() if case[3] == 64]
+
+
+@pytest.mark.parametrize("n", [1152, 1408, 2048])
+@pytest.mark.parametrize("name", D64_CASES)
+def test_head_dim_64_tiles_of_192_rows(name: str, n: int, folder: Path) -> None:
+    """Head dim 64 runs 192-row Q tiles (three consumer warpgroups): N = 1152 fills the last
+    tile, 1408 and 2048 leave one and two of its warpgroups past N, whose rows must be
+    neither written nor read past the sequence."""
+    _, hq, hkv, d, dtype, pieces, _ = CASES[name]
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, 1024, min_len=512)
+    assert kern._GL_CONSUMERS[64][0] == 3
+    args = _inputs(CASES[name], n, n)
+    _check(kern, ir, args, [a.cuda() for a in args], f"{name} at N = {n}")
     assert calls == [1], f"{name}: the Gluon kernel did not run"
 
 

@@ -17,9 +17,9 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
   into slot i % STAGES (`_gl_ring_load`); a consumer waits for it (`_gl_ring_wait`) and releases
   it when done (`_gl_ring_release`). Phases: the (i // STAGES)-th use of a slot waits for phase
   (i // STAGES) & 1.
-- Ping-pong (`_gl_take_turn`, `_gl_pass_turn`): two consumer warpgroups take turns issuing
-  their asynchronous wgmmas through two turn mbarriers (`_gl_barriers(2)`, `_gl_turns_init`), so one's
-  softmax runs while the other's products occupy the tensor cores.
+- Ping-pong (`_gl_take_turn`, `_gl_pass_turn`): the consumer warpgroups take turns, in order,
+  issuing their asynchronous wgmmas through one turn mbarrier each (`_gl_barriers(consumers)`,
+  `_gl_turns_init`), so one's softmax runs while another's products occupy the tensor cores.
 - TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
   TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
   3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so
@@ -115,22 +115,25 @@ def _gl_ring_release(empty_bars, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def _gl_turns_init(turn_bars):
-    """Initialise the two ping-pong turn barriers (`_gl_barriers(2)`)."""
-    for i in gl.static_range(2):
+    """Initialise the ping-pong turn barriers, one per consumer (`_gl_barriers(consumers)`)."""
+    COUNT: gl.constexpr = turn_bars.shape[0]
+    for i in gl.static_range(COUNT):
         mbarrier.init(turn_bars.index(i), count=1)
 
 
 @gluon.jit
 def _gl_take_turn(turn_bars, event, WG: gl.constexpr):
-    """Ping-pong: a consumer's wgmma issue number `event` waits until the other consumer
-    has issued its previous one."""
-    mbarrier.wait(turn_bars.index(WG), (event & 1) ^ (1 - WG))
+    """Ping-pong: consumer WG's wgmma issue number `event` waits until the consumer before it
+    (WG - 1, cyclically) has issued its own; consumer 0's first issue does not wait."""
+    FIRST: gl.constexpr = 1 if WG == 0 else 0
+    mbarrier.wait(turn_bars.index(WG), (event & 1) ^ FIRST)
 
 
 @gluon.jit
 def _gl_pass_turn(turn_bars, WG: gl.constexpr):
-    """Ping-pong: the other consumer may issue its wgmmas now."""
-    mbarrier.arrive(turn_bars.index(1 - WG), count=1)
+    """Ping-pong: the next consumer (WG + 1, cyclically) may issue its wgmmas now."""
+    COUNT: gl.constexpr = turn_bars.shape[0]
+    mbarrier.arrive(turn_bars.index((WG + 1) % COUNT), count=1)
 
 
 @_gl_builtin

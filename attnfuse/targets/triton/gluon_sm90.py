@@ -7,8 +7,8 @@ TMA ring and its mbarriers, the ping-pong the sm90 kernels share; `printer.gluon
 they carry the prelude; here it is an ordinary module, linted and compiled for sm90 by the tests.
 
 What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
-q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64 or
-128, N a multiple of 128 and Nq = Nk. K arrives with its transforms applied (a pre-rotation
+q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64, 128
+or 256, N a multiple of 128 and Nq = Nk. K arrives with its transforms applied (a pre-rotation
 kernel); Q either too, or the consumers apply its RMSNorm and RoPE to their rows of the Q tile
 in shared memory before the first wgmma (`_gl_q_prologue`). The score ops are a causal
 mask or none, applied here, or the variant's own, as `@triton.jit` functions the compiler
@@ -17,12 +17,15 @@ of unmasked and masked blocks), called with their extra arguments `XARGS`. A per
 logit joins the softmax's denominator in the epilogue.
 
 How (FlashAttention-3's structure in Triton 3.6's Gluon, measured on the H200 in
-benchmarks/gluon/, "v4"): one CTA per 128-row Q tile, heaviest causal tiles launched first.
-- A 1-warp producer partition loads Q once and streams K/V blocks through a 3-deep ring of
-  shared buffers with TMA, each slot guarded by K-ready / V-ready / empty mbarriers.
-- Two 4-warp consumer partitions (one warpgroup, 64 rows each) take turns issuing their
-  asynchronous wgmmas (ping-pong, through two turn mbarriers), so one warpgroup's softmax
-  runs while the other's matrix products occupy the tensor cores; inside each, S_{j+1} =
+benchmarks/gluon/, "v4"): one CTA per Q tile of 64 rows per consumer warpgroup (`_GL_CONSUMERS`:
+128 rows, or 192 at head dim 64), heaviest causal tiles launched first.
+- A 1-warp producer partition loads Q once (a 64-row box per consumer) and streams K/V blocks
+  through a ring of shared buffers with TMA (3-deep; 2-deep at head dim 256), each slot guarded
+  by K-ready / V-ready / empty mbarriers.
+- Two (three at head dim 64) 4-warp consumer partitions (one warpgroup, 64 rows each); two take
+  turns issuing their asynchronous wgmmas (ping-pong, through turn mbarriers), so one
+  warpgroup's softmax runs while the other's matrix products occupy the tensor cores; inside
+  each, S_{j+1} =
   Q·K_{j+1}ᵀ and O += P_j·V_j are in flight while softmax_{j+1} runs (P from registers).
 - Base-2 online softmax with the score scale · log2(e) folded into one multiply; causal rows
   visit their unmasked blocks without mask code, then the diagonal block masked.
@@ -74,27 +77,35 @@ def _gl_kv_rows(head_d):
     """Keys per K/V block and ring depth: 128 keys in a 3-deep ring up to head dim 128; at 256,
     64 keys in a 2-deep ring (shared memory: the Q tile and four 32 KB blocks)."""
     return (_GL_BLOCK, 3) if head_d <= 128 else (_GL_BLOCK // 2, 2)
+
+
+_GL_CONSUMERS = {64: (3, False), 128: (2, True), 256: (2, True)}
+"""Per head dim, the consumer warpgroups of 64 rows (the Q tile is 64 x that) and whether they
+take turns issuing wgmmas (ping-pong). At 64, FlashAttention-3's schedule: a 192-row tile over
+three warpgroups, each overlapping its own softmax with its products. The FP8 form keeps two."""
 _GL_LOG2E = 1.4426950408889634
 
 
 @gluon.jit
 def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, RANGE: gl.constexpr):
     """This program's batch*head, Q tile (heaviest first), first Q and K/V rows in the
-    flattened [rows, D] views, and its KV blocks: it visits blocks [j0, j_end); block j0 and
-    blocks [j0 + 1, a) and [b, j_end) are masked, blocks [a, b) need no mask. Without a RANGE
-    hook the mask is causal or none; with one, RANGE(q_lo, q_hi, N) gives the keys some
-    query of the tile keeps, [lo, hi), and those every query keeps, [full_lo, full_hi)."""
+    flattened [rows, D] views, and its KV blocks (for the tile's rows below N): it visits
+    blocks [j0, j_end); block j0 and blocks [j0 + 1, a) and [b, j_end) are masked, blocks
+    [a, b) need no mask. Without a RANGE hook the mask is causal or none; with one,
+    RANGE(q_lo, q_hi, N) gives the keys some query of the tile keeps, [lo, hi), and those every
+    query keeps, [full_lo, full_hi)."""
     off_hz, pid_m = _gl_tile_order()
     q_row0 = off_hz * N + pid_m * BLOCK_M
     kv_row0 = (off_hz // GROUP) * N
+    q_last = gl.minimum(pid_m * BLOCK_M + BLOCK_M, N) - 1  # a last tile may end past N (192-row tiles)
     if RANGE is not None:
-        lo, f_lo, f_hi, hi = RANGE(pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M - 1, N)
+        lo, f_lo, f_hi, hi = RANGE(pid_m * BLOCK_M, q_last, N)
         j0, a, b, j_end = _gl_block_classes(lo, f_lo, f_hi, hi, BLOCK_N)
     elif CAUSAL:
         j0 = 0
         a = 1
         b = gl.maximum((pid_m * BLOCK_M) // BLOCK_N, 1)
-        j_end = ((pid_m + 1) * BLOCK_M) // BLOCK_N
+        j_end = q_last // BLOCK_N + 1
     else:
         j0 = 0
         a = 1
@@ -134,13 +145,13 @@ def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.
 
 
 @gluon.jit
-def _gl_q_prologue(q_tile, rope, q_norm, row0):
+def _gl_q_prologue(q_tile, rope, q_norm, row0, N):
     """Q's transforms on a consumer's rows of the Q tile in shared memory, in fp32, rounded
     once to Q's dtype (as the generic kernel's prologue), then fenced for the wgmmas that read
     the tile. q_norm = (weight or None, eps or None): RMSNorm over the head dim (with eps None,
     none); rope = (cos, sin) or (None, None): RoPE pairing channel c with c + D/2, every channel
     rotated, from the launcher's [positions, D/2] tables; row r of the tile is at position
-    row0 + r."""
+    row0 + r (rows from N on, past a sequence's end, read position N - 1)."""
     ROWS: gl.constexpr = q_tile.shape[0]
     HALF: gl.constexpr = q_tile.shape[1] // 2
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -159,7 +170,7 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0):
             x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
     cos_ptr, sin_ptr = rope
     if cos_ptr is not None:
-        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1)
         idx = rows[:, None] * HALF + cols[None, :]
         cos = gl.load(cos_ptr + idx)
         sin = gl.load(sin_ptr + idx)
@@ -168,6 +179,20 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0):
     hi.store(x2.to(q_tile.dtype))
     fence_async_shared()
     gl.thread_barrier()
+
+
+@gluon.jit
+def _gl_turn_start(turn_bars, event, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Before a consumer's wgmma issue number `event`: its turn, with ping-pong."""
+    if PINGPONG:
+        _gl_take_turn(turn_bars, event, WG)
+
+
+@gluon.jit
+def _gl_turn_end(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """After a consumer's wgmma issue: the next consumer's turn, with ping-pong."""
+    if PINGPONG:
+        _gl_pass_turn(turn_bars, WG)
 
 
 @gluon.jit
@@ -188,6 +213,17 @@ def _gl_fp8_setup(fp8_scales, off_hz, GROUP, row0):
         sq = gl.load(q_scales + off_hz * q_blocks + row0 // q_rows)
         fp8 = (sq, k_scales, v_scales, (off_hz // GROUP) * kv_blocks, kv_rows)
     return fp8
+
+
+@gluon.jit
+def _gl_sink(acc, m_i, l_i, sink_ptr):
+    """The sink's logit (at sink_ptr) joins every row's denominator."""
+    sink = gl.load(sink_ptr).to(gl.float32) * 1.4426950408889634
+    m_new = gl.maximum(m_i, sink)
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.exp2(sink - m_new)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    return acc, m_new, l_i
 
 
 @gluon.jit
@@ -223,7 +259,7 @@ def _gl_p_tile(p, p_tile):
 @gluon.jit
 def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos, off_hz, XARGS, j0, lo, hi,
                MASKED: gl.constexpr, HOOK: gl.constexpr, NATURAL: gl.constexpr, SAFE: gl.constexpr,
-               STAGES: gl.constexpr, WG: gl.constexpr):
+               STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """KV blocks [lo, hi), lo > j0 (the tile's first block, whose ring slot is 0). On entry
     `p_op` holds P of block lo-1, not yet multiplied by its V. Per block j: issue S_j =
     Q·K_jᵀ and O += P_{j-1}·V_{j-1}, wait for S_j only, score ops and softmax_j, then wait for
@@ -245,10 +281,10 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
             s_qk, s_v = _gl_fp8_block(fp8, j, BLOCK_N)
         _gl_ring_wait(k_bars, i, STAGES)
         _gl_ring_wait(v_bars, i - 1, STAGES)
-        _gl_take_turn(turn_bars, i, WG)
+        _gl_turn_start(turn_bars, i, WG, PINGPONG)
         s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p_op, _gl_v_operand(v_smem, prev, FP8), acc, is_async=True)
-        _gl_pass_turn(turn_bars, WG)
+        _gl_turn_end(turn_bars, WG, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         k_pos = j * BLOCK_N + cols
         if FP8:
@@ -275,7 +311,8 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
 @gluon.jit
 def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS, XARGS,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr,
-                 SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
+                 SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr,
+                 PINGPONG: gl.constexpr):
     """The 64 rows of the Q tile that consumer WG owns: its first KV block (masked), the
     masked blocks before the unmasked ones (RANGE hooks only), the unmasked blocks, the
     masked blocks after them, the last P·V, the epilogue (the sink's logit; O = acc / l
@@ -288,8 +325,8 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     qk_scale, mult = scales
     FP8: gl.constexpr = fp8_scales is not None
     BITS: gl.constexpr = q_desc.dtype.primitive_bitwidth
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = o_desc.block_type.shape[0]
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[0] * ROWS  # the Q tile: one box of ROWS per consumer
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROW0: gl.constexpr = ROWS * WG
@@ -301,8 +338,9 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     fp8 = _gl_fp8_setup(fp8_scales, off_hz, GROUP, pid_m * BLOCK_M + ROW0)
     unit = 1.0
-    q_tile = q_smem.slice(ROW0, ROWS)
-    q_pos = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    q_tile = q_smem.index(WG)
+    # Rows past N (a last 192-row tile) compute as row N - 1 (hooks index tensors by position).
+    q_pos = gl.minimum(pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)), N - 1)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
@@ -311,11 +349,11 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
 
     mbarrier.wait(q_bar, 0)
     if rope[0] is not None or q_norm[1] is not None:
-        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0)
+        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0, N)
     _gl_ring_wait(k_bars, 0, STAGES)
-    _gl_take_turn(turn_bars, 0, WG)
+    _gl_turn_start(turn_bars, 0, WG, PINGPONG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _gl_pass_turn(turn_bars, WG)
+    _gl_turn_end(turn_bars, WG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     k_pos = j0 * BLOCK_N + cols
     if FP8:
@@ -331,41 +369,37 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     if RANGE is not None:
         acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos,
                                                off_hz, XARGS, j0, j0 + 1, a, False, SCORE_MASKED, NATURAL, SAFE,
-                                               STAGES, WG)
+                                               STAGES, WG, PINGPONG)
     acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos, off_hz,
-                                           XARGS, j0, a, b, False, SCORE_FULL, NATURAL, SAFE, STAGES, WG)
+                                           XARGS, j0, a, b, False, SCORE_FULL, NATURAL, SAFE, STAGES, WG, PINGPONG)
     if CAUSAL or RANGE is not None:
         acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos,
                                                off_hz, XARGS, j0, b, j_end, CAUSAL, SCORE_MASKED, NATURAL, SAFE,
-                                               STAGES, WG)
+                                               STAGES, WG, PINGPONG)
     last = j_end - 1 - j0
     _gl_ring_wait(v_bars, last, STAGES)
-    _gl_take_turn(turn_bars, last + 1, WG)
+    _gl_turn_start(turn_bars, last + 1, WG, PINGPONG)
     acc = warpgroup_mma(p_op, _gl_v_operand(v_smem, last % STAGES, FP8), acc, is_async=True)
-    _gl_pass_turn(turn_bars, WG)
+    _gl_turn_end(turn_bars, WG, PINGPONG)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-    if sink_ptr is not None:  # the sink's logit joins every row's denominator
-        sink = gl.load(sink_ptr + off_hz % HEADS).to(gl.float32) * 1.4426950408889634
-        m_new = gl.maximum(m_i, sink)
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.exp2(sink - m_new)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        m_i = m_new
+    if sink_ptr is not None:
+        acc, m_i, l_i = _gl_sink(acc, m_i, l_i, sink_ptr + off_hz % HEADS)
     if SAFE:
         empty = l_i == 0.0
         l_i = gl.where(empty, 1.0, l_i)
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    o_tile = o_smem.slice(ROW0, ROWS)
-    o_tile.store(_gl_normalised(acc, l_o, unit, FP8).to(o_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], o_tile)
-    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
     if SAFE:
         lse = gl.where(empty, float("-inf"), lse)
-    gl.store(lse_ptr + off_hz * N + pid_m * BLOCK_M + ROW0 + rows, lse)
-    tma.store_wait(pendings=0)
+    if pid_m * BLOCK_M + ROW0 < N:  # a warpgroup of a last tile past N (192-row tiles) writes nothing
+        o_tile = o_smem.index(WG)
+        o_tile.store(_gl_normalised(acc, l_o, unit, FP8).to(o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], o_tile)
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        gl.store(lse_ptr + off_hz * N + pid_m * BLOCK_M + ROW0 + rows, lse)
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -376,13 +410,16 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES
     once). FP8 (`fp8_scales` not None): V's blocks are channel-major, [D, BLOCK_N]."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    Q_BOXES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = Q_BOXES * q_desc.block_type.shape[0]  # the Q tile, one box per consumer
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     V_T: gl.constexpr = fp8_scales is not None
     off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_bar, q_smem)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes * Q_BOXES)
+    for r in gl.static_range(Q_BOXES):  # a box wholly past the tensor's end lands as zeros
+        tma.async_copy_global_to_shared(q_desc, [q_row0 + r * q_desc.block_type.shape[0], 0], q_bar,
+                                        q_smem.index(r))
     for i in range(j_end - j0):
         _gl_ring_wait_free(empty_bars, i, STAGES)
         row = kv_row0 + (j0 + i) * BLOCK_N
@@ -400,9 +437,12 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES
 def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, qn_w_ptr, qn_eps, qk_scale,
                   mult, fp8_scales, N, GROUP, HEADS, XARGS,
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
-                  SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr):
-    """out, lse of one 128-row Q tile: a TMA producer warp and two ping-pong consumer
-    warpgroups sharing a STAGES-deep K/V ring (see the module docstring). num_warps=4.
+                  SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr, CONSUMERS: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+    """out, lse of one Q tile of 64·CONSUMERS rows: a TMA producer warp and CONSUMERS (2 or 3)
+    consumer warpgroups of 64 rows, taking turns (PINGPONG) or not, sharing a STAGES-deep K/V
+    ring (see the module docstring). num_warps=4. The Q descriptor's blocks are the tile; a
+    last tile may end past N (3 consumers), its rows from N on computed but not written.
 
     Scores·mult are the softmax's base-2 logits. Without hooks (RANGE None) the mask is
     causal (CAUSAL) or none and mult = scale·log2 e. With them, the generated RANGE,
@@ -417,39 +457,56 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     scales = (qk_scale, mult)
     rope = (cos_ptr, sin_ptr)
     q_norm = (qn_w_ptr, qn_eps)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    # The Q tile: one box of q_desc's 64 rows per consumer (a 192-row box or buffer is not a
+    # power of two), its O box in the same place after the last product.
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = _gl_ring_alloc(k_desc, STAGES)
     v_smem = _gl_ring_alloc(v_desc, STAGES)
     p_smem = q_smem  # unused without fp8_scales (a partition's arguments cannot hold None)
     if fp8_scales is not None:
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        ROWS: gl.constexpr = q_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [BLOCK_M, q_desc.block_type.shape[1]], o_desc.layout)
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, BLOCK_N], q_desc.dtype)
-        p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M // 2, BLOCK_N], p_layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], q_desc.dtype)
+        p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, BLOCK_N], p_layout)
     else:
         o_smem = q_smem
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = _gl_barriers(STAGES)
     v_bars = _gl_barriers(STAGES)
     empty_bars = _gl_barriers(STAGES)
-    turn_bars = _gl_barriers(2)
+    turn_bars = _gl_barriers(CONSUMERS)
     mbarrier.init(q_bar, count=1)
-    _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, 2)  # released by both consumers
+    _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, CONSUMERS)  # released by every consumer
     _gl_turns_init(turn_bars)
     fence_async_shared()
     bufs = (q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
-    gl.warp_specialize(
-        [
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                            XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
-            (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                            XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL)),
-            (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
-        ],
-        [4, 1],
-        [240, 24],
-    )
+    if CONSUMERS == 3:  # 3 x 128 x 160 + 128 x 24 registers: the register file
+        gl.warp_specialize(
+            [
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 2, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+            ],
+            [4, 4, 1],
+            [160, 160, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+            ],
+            [4, 1],
+            [240, 24],
+        )
 
 
 _GL_BINARIES = {}
@@ -460,10 +517,10 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.floa
 
 @functools.cache
 def _gl_layouts(head_d, dtype, out_dtype=None):
-    """The NVMMA shared layouts of the Q tile, a K/V block, a consumer's O box and (FP8) a
-    channel-major V block."""
+    """The NVMMA shared layouts of a consumer's Q box, a K/V block, a consumer's O box and
+    (FP8) a channel-major V block."""
     dt, ot = _GL_DTYPES[dtype], _GL_DTYPES[out_dtype or dtype]
-    return (gl.NVMMASharedLayout.get_default_for([_GL_BLOCK, head_d], dt),
+    return (gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], dt),
             gl.NVMMASharedLayout.get_default_for([_gl_kv_rows(head_d)[0], head_d], dt),
             gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], ot),
             gl.NVMMASharedLayout.get_default_for([head_d, _GL_BLOCK], dt))
@@ -505,6 +562,10 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
     b, hq, n, d = q.shape
     if fp8 is None:
         q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
+        consumers, pingpong = _GL_CONSUMERS[d]
+    else:
+        consumers, pingpong = 2, True
+    block_m = 64 * consumers
     q_layout, kv_layout, o_layout, vt_layout = _gl_layouts(d, q.dtype, out.dtype)
 
     def desc(t, rows, layout):
@@ -531,19 +592,21 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
     if sink is not None and not sink.is_contiguous():
         sink = sink.contiguous()
     mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
-    grid = (b * hq, n // _GL_BLOCK, 1)  # three entries: a compiled binary's launcher indexes all three
-    args = (desc(q, _GL_BLOCK, q_layout), desc(k, kv_rows, kv_layout), v_desc,
+    grid = (b * hq, -(-n // block_m), 1)  # three entries: a compiled binary's launcher indexes all three
+    args = (desc(q, _GL_BLOCK // 2, q_layout), desc(k, kv_rows, kv_layout), v_desc,
             desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, fp8_scales, n,
             group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
-    key = (q.device.index, q.dtype, d, causal, natural, hooks, group == 1, group % 16 == 0, _gl_spec(hq),
+    key = (q.device.index, q.dtype, d, consumers, pingpong, causal, natural, hooks, group == 1, group % 16 == 0,
+           _gl_spec(hq),
            lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
            rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
            None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
     binary = _GL_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=stages, RANGE=rng, SCORE_FULL=full,
-                                                SCORE_MASKED=masked, NATURAL=natural, num_warps=4)
+                                                SCORE_MASKED=masked, NATURAL=natural, CONSUMERS=consumers,
+                                                PINGPONG=pingpong, num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, causal, stages, rng, full, masked, natural)
+        binary[grid](*args, causal, stages, rng, full, masked, natural, consumers, pingpong)
     return out

@@ -1,4 +1,4 @@
-// kernel-path: on sm 90 an attention in bf16/fp16 with head dim 128 or 256 (64 on request: head-dims)
+// kernel-path: on sm 90 an attention in bf16/fp16 with head dim 64, 128 or 256 (head-dims narrows them)
 // takes the Gluon kernel (with the shortest length it runs), whatever its masks, score ops and
 // sink; anything else keeps the generic Triton kernel, and the attribute says why.
 
@@ -8,7 +8,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=1024}' | filecheck %s --check-prefix=SHORT
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len-transformed=512}' | filecheck %s --check-prefix=MINLEN
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
-// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=64,128}' | filecheck %s --check-prefix=D64
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=128,256}' | filecheck %s --check-prefix=NO64
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=128}' | filecheck %s --check-prefix=D128
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 tanh=exact}' | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 tanh=approx}' | filecheck %s --check-prefix=APPROX
@@ -70,9 +70,9 @@ func.func @interleaved(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %
 
 // -----
 
-// No mask at all, fp16, head dim 64: the generic kernel, unless head-dims asks for 64.
-// CHECK:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 64: the generic kernel is as fast or faster there (measured)"}}
-// D64:    func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// No mask at all, fp16, head dim 64: the Gluon kernel, unless head-dims leaves 64 out.
+// CHECK:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// NO64:   func.func @full({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 64: not among kernel-path's head-dims [128, 256]"}}
 func.func @full(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor<?x12x?x64xf16>) -> tensor<?x12x?x64xf16> {
   %s = attn.qk %q, %k : tensor<?x12x?x64xf16>, tensor<?x12x?x64xf16> -> !attn.scores<12>
   %p = attn.softmax %s : !attn.scores<12> -> !attn.probs<12>

@@ -1,7 +1,7 @@
 // Every bundled example lowers through the whole pipeline to a Triton kernel.
-// (sm 90 by default: the head-dim-128 examples take the sm90 Gluon kernel beside the generic
+// (sm 90 by default: the examples take the sm90 Gluon kernel beside the generic
 // one, with their score ops as generated functions unless they are a causal mask, and Q's plain
-// RoPE and QK-norm applied in it; gpt-oss's head dim 64 keeps it on the generic kernel.)
+// RoPE and QK-norm applied in it; gpt-oss's head dim 64 takes it too, with 192-row tiles.)
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/llama3_rope_causal.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,GLUON,LLAMA
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,CAP,GLUON,HOOKS,HCAP
 // Gemma 2's softcap: tanh.approx in the Gluon kernel's functions (tanh=auto), in both kernels
@@ -10,10 +10,9 @@
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/gemma2_softcap_window.mlir -p 'attnfuse-pipeline{tanh=exact}' -t triton | filecheck %s --check-prefix=EXACT
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/qwen3_qknorm_rope.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,NORM,GLUON,QWEN
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/bloom_alibi.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,ALIBI,GLUON,HOOKS,HALIBI
-// RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GENERIC
+// RUN: attnfuse-opt %S/../../../attnfuse/examples/gpt_oss_sinks_window.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,PRE,SINK,GLUON,HOOKS,GPTOSS
 // RUN: attnfuse-opt %S/../../../attnfuse/examples/packed_documents.mlir -p attnfuse-pipeline -t triton | filecheck %s --check-prefixes=ALL,DOC,GLUON,HOOKS,HDOC
 
-// GENERIC-NOT: gluon
 // CAP:        def _fast_tanh(x):
 // CAP-NEXT:     """tanh(x) by `tanh.approx.f32`
 // EXACT-NOT:  _fast_tanh
@@ -59,6 +58,7 @@
 // HCAP:           _gluon_attention(q, k_rot, v, out, lse, 0.0625, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), natural=True, rope=(rope_0_cos, rope_0_sin))
 // HALIBI:         _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), xargs=(slopes, slopes.stride(0),), natural=True)
 // HDOC:           _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, None, gluon_score_masked), xargs=(doc_ids, *doc_ids.stride()[:2],))
+// GPTOSS:         _gluon_attention(q, k_rot, v, out, lse, 0.125, causal=False, sink=sinks, hooks=(gluon_kv_range, None, gluon_score_masked), rope=(rope_0_cos, rope_0_sin))
 // GLUON-NEXT: else:
 // ALL:        _launch(attn_fwd, (
 // ALL:        return out, lse
