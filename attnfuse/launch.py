@@ -186,7 +186,8 @@ def lse_workspace(q: torch.Tensor) -> torch.Tensor:
     calls that discard it (no backward): the kernel writes it there instead of into a new
     allocation (a few microseconds of host time per call). One per device, grown as needed
     and kept; concurrent calls may share it, since nothing reads it."""
-    n = q.shape[0] * q.shape[1] * q.shape[2]
+    b, h, n, _ = q.shape
+    n *= b * h
     ws = LSE_WORKSPACES.get(q.device)
     if ws is None or ws.numel() < n:
         from attnfuse.targets.triton.prelude import _kept  # kept: outside CUDA-graph pools

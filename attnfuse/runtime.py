@@ -211,16 +211,21 @@ class Kernel:
 
 
 def _hot_key(
-    backend_name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extras: tuple[object, ...]
+    backend_name: str,
+    device: torch.device,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shapes: tuple[torch.Size, torch.Size, torch.Size],
+    extras: tuple[object, ...],
 ) -> tuple[Any, ...]:
     """The hot path's key of a call: the backend name, q's device, the q/k/v dtypes, head
-    counts and head dims, the sequence-length bucket, and per extra argument its dtype and
-    rank (a tensor) or its type and value (a constant). Raises (or gives an unhashable
-    key) for arguments that are not rank-4 tensors: the caller then takes the slow path."""
-    _, hq, nq, d = q.shape
-    _, hkv, nk, dk = k.shape
-    _, hv, _, dv = v.shape
-    key = (backend_name, q.device, q.dtype, k.dtype, v.dtype, hq, hkv, hv, d, dk, dv, seq_bucket(nq, nk))
+    counts and head dims (from `shapes`, q's, k's and v's, read once by the caller), the
+    sequence-length bucket, and per extra argument its dtype and rank (a tensor) or its type
+    and value (a constant). Raises (or gives an unhashable key) for arguments that are not
+    rank-4 tensors: the caller then takes the slow path."""
+    (_, hq, nq, d), (_, hkv, nk, dk), (_, hv, _, dv) = shapes
+    key = (backend_name, device, q.dtype, k.dtype, v.dtype, hq, hkv, hv, d, dk, dv, seq_bucket(nq, nk))
     if extras:
         key += tuple([(x.dtype, x.dim()) if isinstance(x, torch.Tensor) else (type(x), x) for x in extras])
     return key
@@ -294,12 +299,13 @@ class Variant:
         if _is_compiling():
             return autograd.site_call(self, q, k, v, extras)
         backend_name = backend_var.get() or env_backend() or "auto"
-        try:  # `_entry`, inlined
-            entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
+        try:  # `_entry`, inlined; each shape and q's device read once (microseconds a call)
+            shapes, device = (q.shape, k.shape, v.shape), q.device
+            entry = self._hot[_hot_key(backend_name, device, q, k, v, shapes, extras)]
         except Exception:
             return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
-        qs, ks, vs = q.shape, k.shape, v.shape
-        if qs[0] != ks[0] or qs[0] != vs[0] or ks[2] != vs[2] or k.device != q.device or v.device != q.device:
+        qs, ks, vs = shapes
+        if qs[0] != ks[0] or qs[0] != vs[0] or ks[2] != vs[2] or k.device != device or v.device != device:
             return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
         if entry.check is not None and not entry.check(q, k, extras):
             return self._prepare(backend_name, q, k, v, extras).run(q, k, v, extras)
@@ -322,7 +328,7 @@ class Variant:
         """The hot-path entry of a call: found by its key when the relations it does not
         hold check out, else made by the slow path (`_prepare`)."""
         try:
-            entry = self._hot[_hot_key(backend_name, q, k, v, extras)]
+            entry = self._hot[_hot_key(backend_name, q.device, q, k, v, (q.shape, k.shape, v.shape), extras)]
         except Exception:
             return self._prepare(backend_name, q, k, v, extras)
         qs, ks, vs = q.shape, k.shape, v.shape
@@ -423,7 +429,7 @@ class Variant:
 
         check = validation.with_length_check(trace, validation.extras_check(trace, len(extras)))
         entry = _Entry(run, check, target, select)
-        self._hot[_hot_key(backend_name, q, k, v, extras)] = entry
+        self._hot[_hot_key(backend_name, q.device, q, k, v, (q.shape, k.shape, v.shape), extras)] = entry
         return entry
 
     def _kernel(

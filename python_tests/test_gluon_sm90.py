@@ -13,7 +13,7 @@ from kernel_harness import CUSTOM_MASK, compile_for_sm90
 
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
-from attnfuse.targets.triton import gluon_sm90
+from attnfuse.targets.triton import gluon_launch, gluon_sm90, prelude
 from attnfuse.targets.triton.printer import gluon_source
 
 HOPPER_SMEM = 227 * 1024  # bytes of shared memory a CTA may use on sm 90
@@ -43,10 +43,10 @@ def _check_sm90_binary(kernel) -> None:
 )
 def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool, monkeypatch) -> None:
     capture = _Capture()
-    monkeypatch.setattr(gluon_sm90, "attn_fwd_sm90", capture)
-    monkeypatch.setattr(gluon_sm90, "_GL_BINARIES", {})
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", capture)
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
     q, k, v = (torch.zeros(1, h, 256, head_d, dtype=dtype) for h in (4, 2, 2))
-    gluon_sm90._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * 256), 0.125, causal)
+    gluon_launch._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * 256), 0.125, causal)
     ((args, kwargs),) = capture.calls
     monkeypatch.undo()
     _check_sm90_binary(compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"]))
@@ -56,14 +56,14 @@ def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool,
 def test_fp8_kernel_compiles_for_sm90(head_d: int, block: int, monkeypatch) -> None:
     # e4m3 q, k and channel-major v (a transposed view), bf16 out: the products are e4m3 wgmmas.
     capture = _Capture()
-    monkeypatch.setattr(gluon_sm90, "attn_fwd_sm90", capture)
-    monkeypatch.setattr(gluon_sm90, "_GL_BINARIES", {})
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", capture)
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
     e4m3 = torch.float8_e4m3fn
     q, k = torch.zeros(1, 4, 256, head_d, dtype=e4m3), torch.zeros(1, 2, 256, head_d, dtype=e4m3)
     v = torch.zeros(1, 2, head_d, 256, dtype=e4m3).transpose(2, 3)
     scales = (torch.ones(8), torch.ones(4), torch.ones(4), block, block)
     out = torch.empty(1, 4, 256, head_d, dtype=torch.bfloat16)
-    gluon_sm90._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True, fp8=scales)
+    gluon_launch._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True, fp8=scales)
     ((args, kwargs),) = capture.calls
     monkeypatch.undo()
     kernel = compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"])
@@ -192,7 +192,55 @@ def _qkv(nq: int, nk: int, offset: int = 0) -> list[torch.Tensor]:
     ],
 )
 def test_gluon_fits(nq: int, nk: int, offset: int, min_len: int, fits: bool) -> None:
-    assert gluon_sm90._gluon_fits(*_qkv(nq, nk, offset), min_len) is fits
+    assert gluon_launch._gluon_fits(*_qkv(nq, nk, offset), min_len) is fits
+
+
+def test_later_calls_run_the_c_launcher_with_tensor_maps_made_once_per_buffer(monkeypatch) -> None:
+    """After a binary's first launch, `_gluon_attention` calls Triton's C launcher itself (read from
+    the closure of Triton's own `wrap_handle_tensordesc`), with the four descriptors expanded as
+    Triton would (`make_tensordesc_arg`), each made once per buffer address and geometry."""
+    from triton.backends.nvidia import driver
+
+    launched, maps = [], []
+    meta = [{"swizzle": i} for i in range(4)]
+    signature = {i: "tensordesc<bf16[64, 128]>" if i < 4 else "*fp32" for i in range(6)}
+
+    class Binary:
+        function, packed_metadata = "cufunction", "packed"
+
+        class run:  # Triton's launcher object: the wrapped C launcher, no scratch
+            launch = driver.wrap_handle_tensordesc(lambda *a: launched.append(a), signature, meta)
+            global_scratch_size = profile_scratch_size = 0
+            launch_cooperative_grid, launch_pdl = False, True
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: Binary()
+
+    def tensor_map(desc, m):
+        maps.append((desc.base.data_ptr(), m))
+        return [f"map{len(maps)}", *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", Kernel())
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
+    monkeypatch.setattr(gluon_launch, "_GL_MAPS", {})
+    monkeypatch.setattr(driver, "make_tensordesc_arg", tensor_map)
+    monkeypatch.setattr(prelude, "_DRIVER", [lambda: 0, lambda device: f"stream-of-{device}"])
+    q, k, v = (torch.zeros(1, h, 256, 128, dtype=torch.bfloat16) for h in (4, 2, 2))
+    out, lse = torch.empty_like(q), torch.empty(4 * 256)
+    call = lambda out: gluon_launch._gluon_attention(q, k, v, out, lse, 0.125, True)  # noqa: E731
+    call(out)  # compiles (here: the stand-in) through Triton's path
+    assert launched == [] and maps == []
+    call(out)
+    ((*head, q_map, qn, qd, qs0, qs1, k_map), *_) = [launched[0][:19]]
+    assert tuple(head) == (4, 2, 1, "stream-of-0", "cufunction", False, True, None, None, "packed", None, None, None)
+    assert (q_map, qn, qd, qs0, qs1, k_map) == ("map1", 4 * 256, 128, 128, 1, "map2")
+    assert [m for _, m in maps] == meta and maps[0][0] == q.data_ptr() and maps[3][0] == out.data_ptr()
+    assert launched[0][13 + 4 * 5 :][:2] == (lse, None)  # then the kernel's other arguments
+    call(out)  # the same buffers: no new tensor map
+    assert len(launched) == 2 and launched[1] == launched[0] and len(maps) == 4
+    call(torch.empty_like(q))  # a new output buffer: its own map
+    assert len(launched) == 3 and len(maps) == 5
 
 
 def test_generated_modules_carry_the_library() -> None:

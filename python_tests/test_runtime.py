@@ -144,11 +144,12 @@ def test_one_hot_key_for_the_call_and_its_entry():
     with af.backend("interpret"), cache.use_compiler(stub_compiler.trivial_compile):
         docs(q, k, v, ids)
         docs(q, k, v, ids, 32)
+    shapes = (q.shape, k.shape, v.shape)
     assert set(docs._hot) == {
-        runtime._hot_key("interpret", q, k, v, (ids,)),
-        runtime._hot_key("interpret", q, k, v, (ids, 32)),
+        runtime._hot_key("interpret", q.device, q, k, v, shapes, (ids,)),
+        runtime._hot_key("interpret", q.device, q, k, v, shapes, (ids, 32)),
     }
-    assert runtime._hot_key("interpret", q, k, v, (ids,))[11] == cache.seq_bucket(5, 300) == 512
+    assert runtime._hot_key("interpret", q.device, q, k, v, shapes, (ids,))[11] == cache.seq_bucket(5, 300) == 512
 
 
 def test_device_sm_without_a_gpu():

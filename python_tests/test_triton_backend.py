@@ -141,7 +141,8 @@ def test_launch_runs_the_binary_directly_after_the_first_launch(fake_triton):
     y = torch.ones(64, dtype=torch.float16)  # another tensor, same dtype and alignment
     prelude._launch(kernel, (5, 2), 8, 3, y, 100)
     assert len(kernel.launches) == 1
-    assert kernel.runs == [(5, 2, 1, "stream-of-3", "cufunction", "metadata", None, None, None, y, 100)]
+    # Tensors go to the binary as their data pointers.
+    assert kernel.runs == [(5, 2, 1, "stream-of-3", "cufunction", "metadata", None, None, None, y.data_ptr(), 100)]
     # New specialisations go through Triton's launcher again: another integer argument,
     # a data pointer off a 16-byte boundary, another dtype, other launch options.
     prelude._launch(kernel, (4, 2), 8, 3, x, 101)
@@ -168,6 +169,46 @@ def test_launch_key_follows_each_kernels_argument_kinds(fake_triton):
     assert len(other.launches) == 1 and len(other.runs) == 1
     prelude._launch(other, (1,), 4, 1, 8, x)  # another integer: another binary
     assert len(other.launches) == 2
+
+
+class FakeLauncher:
+    """Triton's launcher object (`binary.run`): its C launcher (`launch`, of the module Triton
+    builds it in) and the scratch memory its binary needs."""
+
+    def __init__(self, calls: list, scratch: int):
+        self.calls, self.global_scratch_size, self.profile_scratch_size = calls, scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+        def launch(*args):
+            calls.append(("c", args))
+
+        launch.__module__ = "__triton_launcher"
+        self.launch = launch
+
+    def __call__(self, *args):
+        self.calls.append(("object", args))
+
+
+@pytest.mark.parametrize("scratch", [0, 256])
+def test_launch_calls_the_c_launcher_itself_when_the_binary_needs_no_scratch(fake_triton, scratch):
+    calls: list = []
+
+    class Binary:
+        function, packed_metadata, run = "cufunction", "metadata", FakeLauncher(calls, scratch)
+
+    class JIT(FakeJIT):
+        def __getitem__(self, grid):
+            return lambda *args, num_warps, num_stages: Binary()
+
+    fake_triton.runtime.JITFunction = JIT
+    kernel, x = JIT(), torch.zeros(64, dtype=torch.float16)
+    prelude._launch(kernel, (4, 2), 8, 3, x, 100)
+    prelude._launch(kernel, (4, 2), 8, 3, x, 100)
+    head = (4, 2, 1, "stream-of-3", "cufunction")
+    if scratch:  # the launcher object, which allocates the scratch
+        assert calls == [("object", (*head, "metadata", None, None, None, x.data_ptr(), 100))]
+    else:  # cooperative grid, PDL, no global or profile scratch, then as the launcher object
+        assert calls == [("c", (*head, False, True, None, None, "metadata", None, None, None, x.data_ptr(), 100))]
 
 
 def test_launch_takes_tritons_path_with_hooks_interpreted_kernels_and_no_binary(fake_triton):

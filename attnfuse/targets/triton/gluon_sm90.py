@@ -5,6 +5,7 @@ Generated modules whose launcher holds a `tl.gluon_attention` op carry this file
 its first `triton.experimental` import on, after that of `gluon_common.py` (the tile order, the
 TMA ring and its mbarriers, the ping-pong the sm90 kernels share; `printer.gluon_source`), as
 they carry the prelude; here it is an ordinary module, linted and compiled for sm90 by the tests.
+Its host side, `_gluon_attention`, is `gluon_launch.py`, carried after it.
 
 What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
 q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64, 128
@@ -40,9 +41,6 @@ accumulator kept in units of the V block's scale / 2^8, O through its own shared
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
 # Python that a static type checker can follow; pyright skips this file.
 
-import functools
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -52,7 +50,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_common import (
     _gl_barriers,
@@ -507,106 +504,3 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
             [4, 1],
             [240, 24],
         )
-
-
-_GL_BINARIES = {}
-
-
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
-
-
-@functools.cache
-def _gl_layouts(head_d, dtype, out_dtype=None):
-    """The NVMMA shared layouts of a consumer's Q box, a K/V block, a consumer's O box and
-    (FP8) a channel-major V block."""
-    dt, ot = _GL_DTYPES[dtype], _GL_DTYPES[out_dtype or dtype]
-    return (gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_gl_kv_rows(head_d)[0], head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GL_BLOCK // 2, head_d], ot),
-            gl.NVMMASharedLayout.get_default_for([head_d, _GL_BLOCK], dt))
-
-
-def _gluon_fits(q, k, v, min_len):
-    """Whether this call can take the Gluon kernel: Nq = Nk, a multiple of 128 and at least
-    min_len (below it the generic kernel's cheaper launch wins), and 16-byte aligned data
-    (TMA). The compiler checked dtypes, head dims and the variant itself."""
-    n = q.shape[2]
-    return (n == k.shape[2] and n >= min_len and n % _GL_BLOCK == 0
-            and q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
-
-
-def _gl_spec(x):
-    """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment,
-    an integer's being 1, a multiple of 16 or beyond int32 (a direct-binary launch must match
-    them)."""
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.data_ptr() % 16 == 0
-    if isinstance(x, bool) or not isinstance(x, int):
-        return type(x)
-    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
-
-
-def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
-                     rope=None, q_norm=None, fp8=None):
-    """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) by
-    `attn_fwd_sm90`, for q and k holding their transforms and qk_scale the score scale.
-    Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,
-    SCORE_MASKED) generated for the variant, which read `xargs` and, when `natural`, the
-    scaled scores. sink: None or the [Hq] sink logits. rope: None (q holds its transforms) or
-    the (cos, sin) tables [positions, D/2] of the RoPE the kernel applies to q (half style,
-    every channel); q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
-    Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views).
-    fp8: None, or q, k and v in e4m3 (v a transposed view of a contiguous [B, Hkv, D, N]) and
-    (q_scale, k_scale, v_scale, q_block, kv_block): their scales per block of q_block rows of
-    q (a multiple of 64) and of kv_block keys (a multiple of 128), or one per tensor (0)."""
-    b, hq, n, d = q.shape
-    if fp8 is None:
-        q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
-        consumers, pingpong = _GL_CONSUMERS[d]
-    else:
-        consumers, pingpong = 2, True
-    block_m = 64 * consumers
-    q_layout, kv_layout, o_layout, vt_layout = _gl_layouts(d, q.dtype, out.dtype)
-
-    def desc(t, rows, layout):
-        flat = t.view(-1, d)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d], layout)
-
-    fp8_scales = None
-    kv_rows, stages = _gl_kv_rows(d)
-    v_desc = desc(v, kv_rows, kv_layout) if fp8 is None else None
-    if fp8 is not None:
-        q_scale, k_scale, v_scale, q_block, kv_block = fp8
-        vt = v.transpose(2, 3).reshape(-1, n)  # the contiguous [B * Hkv * D, N] storage
-        v_desc = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [d, _GL_BLOCK], vt_layout)
-        # A per-tensor scale: 0 blocks of 2^30 rows (every row's index is 0).
-        fp8_scales = (q_scale, k_scale, v_scale, -(-n // q_block) if q_block else 0, q_block or 1 << 30,
-                      -(-n // kv_block) if kv_block else 0, kv_block or 1 << 30)
-
-    group = hq // k.shape[1]
-    rng, full, masked = hooks if hooks is not None else (None, None, None)
-    cos, sin = rope if rope is not None else (None, None)
-    qn_w, qn_eps = q_norm if q_norm is not None else (None, None)
-    if qn_w is not None and not qn_w.is_contiguous():
-        qn_w = qn_w.contiguous()
-    if sink is not None and not sink.is_contiguous():
-        sink = sink.contiguous()
-    mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
-    grid = (b * hq, -(-n // block_m), 1)  # three entries: a compiled binary's launcher indexes all three
-    args = (desc(q, _GL_BLOCK // 2, q_layout), desc(k, kv_rows, kv_layout), v_desc,
-            desc(out, _GL_BLOCK // 2, o_layout), lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, fp8_scales, n,
-            group, hq, xargs)
-    # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
-    key = (q.device.index, q.dtype, d, consumers, pingpong, causal, natural, hooks, group == 1, group % 16 == 0,
-           _gl_spec(hq),
-           lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
-           rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
-           None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
-    binary = _GL_BINARIES.get(key)
-    if binary is None:  # Triton's launch path: compiles or loads the binary
-        _GL_BINARIES[key] = attn_fwd_sm90[grid](*args, CAUSAL=causal, STAGES=stages, RANGE=rng, SCORE_FULL=full,
-                                                SCORE_MASKED=masked, NATURAL=natural, CONSUMERS=consumers,
-                                                PINGPONG=pingpong, num_warps=4)
-    else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, causal, stages, rng, full, masked, natural, consumers, pingpong)
-    return out

@@ -8,7 +8,8 @@ function calls.
 - `_hadamard_table(d, seed, device)`: attn.hadamard's matrix, built once per device;
 - `_kept(make, device)`: tensors those caches keep, allocated outside CUDA-graph memory pools;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
-  compiled binary directly after its first launch (`_BINARIES`, `_DRIVER`);
+  compiled binary directly after its first launch (`_PLANS`, `_BINARIES`; `_driver()`, the
+  current device and stream, which the Gluon kernels' direct launches use too);
 - `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
 - `_cdiv(a, b)`: the grids' ceiling division.
 
@@ -22,8 +23,6 @@ text and never imports it, so that printing does not import torch.
 # triton.knobs and the CUDA driver's device/stream getters are real in Triton 3.6 but missing
 # from its type information.
 # pyright: reportAttributeAccessIssue=false
-
-import operator
 
 import torch
 import triton
@@ -107,52 +106,90 @@ _PLANS = {}
 
 
 def _plan(args):
-    """Getters of a launch's non-tensor arguments (their values go into the key) and of its
-    tensors (their dtype and alignment do), by position: the same for every call of a kernel."""
-    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    others = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
-    return (operator.itemgetter(*others) if others else lambda a: (),
-            operator.itemgetter(*tensors) if len(tensors) > 1 else lambda a, i=tuple(tensors): [a[j] for j in i],
-            len(args))
+    """A kernel's launch plan, made at its first launch from which arguments are tensors: a
+    function of the arguments that gives (the key of their binary: each tensor's dtype and
+    pointer alignment and every other argument's value; the binary's arguments: each tensor
+    replaced by its data pointer), written as straight-line code since it runs on every
+    call; and the number of arguments."""
+    ptrs = [f"a[{i}].data_ptr()" for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    key, passed, n = [], [], 0
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            key += [f"a[{i}].dtype", f"p{n} & 15"]
+            passed.append(f"p{n}")
+            n += 1
+        else:
+            key.append(f"a[{i}]")
+            passed.append(f"a[{i}]")
+    lines = [f"p{j} = {p}" for j, p in enumerate(ptrs)] + [f"return ({', '.join(key)},), ({', '.join(passed)},)"]
+    space = {}
+    exec("def split(a):\n    " + "\n    ".join(lines), space)
+    return space["split"], len(args)
 
 
 def _launch(kernel, grid, num_warps, num_stages, *args):
     """kernel[grid](*args, num_warps=..., num_stages=...). The first call for given integer
     arguments, tensor dtypes and alignments, and device goes through Triton's launcher, which
     compiles or loads the binary; later calls run that binary directly, without Triton's
-    per-call argument binding (tens of microseconds on a slow host). Launch hooks (profilers)
-    and interpreted kernels always take Triton's path."""
+    per-call argument binding (tens of microseconds on a slow host), with tensors passed as
+    their data pointers, and, for a binary that needs no scratch memory, through Triton's C
+    launcher itself. Launch hooks (profilers) and interpreted kernels always take Triton's
+    path."""
     rt = triton.knobs.runtime
     if (type(kernel) is not triton.runtime.JITFunction or getattr(rt.launch_enter_hook, "calls", True)
             or getattr(rt.launch_exit_hook, "calls", True)):
         return _fitting(kernel, grid, num_warps, num_stages, args)
-    if not _DRIVER:
-        active = triton.runtime.driver.active
-        # torch's current_device() re-checks its lazy initialisation on every call; a kernel
-        # launched here has initialised CUDA already.
-        _DRIVER.extend((getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device,
-                        active.get_current_stream))
-    device = _DRIVER[0]()
+    get_device, get_stream = _driver()
+    device = get_device()
     plan = _PLANS.get(id(kernel))
-    if plan is None or plan[2] != len(args):
+    if plan is None or plan[1] != len(args):
         plan = _PLANS[id(kernel)] = _plan(args)
     try:
-        key = (id(kernel), device, num_warps, num_stages, plan[0](args),
-               *[(t.dtype, t.data_ptr() & 15) for t in plan[1](args)])
+        key, passed = plan[0](args)
     except AttributeError:  # another value where this kernel had a tensor: Triton's path
         # (a tensor where it had another value goes into the key as itself: never a wrong hit)
         return kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+    key = (id(kernel), device, num_warps, num_stages, key)
     entry = _BINARIES.get(key)
     if entry is None:
         binary = _fitting(kernel, grid, num_warps, num_stages, args)
         if getattr(binary, "function", None) is not None:
             if len(_BINARIES) >= 1024:
                 _BINARIES.clear()
-            _BINARIES[key] = (binary.run, binary.function, binary.packed_metadata)
+            _BINARIES[key] = _runner(binary)
         return
-    run, function, metadata = entry
-    run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-        _DRIVER[1](device), function, metadata, None, None, None, *args)
+    direct, run, function, metadata, options = entry
+    gx, gy, gz = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    if direct:
+        run(gx, gy, gz, get_stream(device), function, *options, metadata, None, None, None, *passed)
+    else:
+        run(gx, gy, gz, get_stream(device), function, metadata, None, None, None, *passed)
+
+
+def _driver():
+    """(the current CUDA device's index, the current stream of a device): the getters a direct
+    launch uses, looked up once. torch's current_device() re-checks its lazy initialisation on
+    every call; a kernel launched here has initialised CUDA already."""
+    if not _DRIVER:
+        active = triton.runtime.driver.active
+        _DRIVER.extend((getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device,
+                        active.get_current_stream))
+    return _DRIVER
+
+
+def _runner(binary):
+    """How `_launch` runs a compiled binary: (direct, run, function, metadata, options). Direct
+    means Triton's C launcher itself (`run.launch`, whose arguments after the stream and function
+    start with `options`): for a binary that needs no global or profile scratch memory and takes
+    no tensor descriptors, whose launcher object only adds those. Otherwise the launcher object."""
+    run = binary.run
+    launch = getattr(run, "launch", None)
+    direct = (callable(launch) and getattr(launch, "__module__", "") == "__triton_launcher"
+              and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0)
+    if direct:
+        options = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+        return True, launch, binary.function, binary.packed_metadata, options
+    return False, run, binary.function, binary.packed_metadata, ()
 
 
 _STAGES = {}

@@ -53,7 +53,8 @@
 
 // PY: def attn_decode(q, stride_q, stride_q_1, stride_q_2, stride_q_3, k, {{.*}}, Seqlens, PageTable, stride_pt, stride_pt_1, OPart, LPart, NQ, SPLIT_KEYS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 // PY: def launch(q, k, v, sinks, cache_seqlens, page_table, *, lse=None):
-// PY:     splits, split_keys = _decode_splits(q.shape[0] * 2, page_table.shape[1] * 16, 128, 2, 256, 0, q.device)
+// PY:     q_shape, q_device, page_table_shape = q.shape, q.device, page_table.shape
+// PY:     splits, split_keys = _decode_splits(q_shape[0] * 2, page_table_shape[1] * 16, 128, 2, 256, 0, q_device)
 func.func @llama_sinks(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<?x2x?x64xf16>, %sinks: tensor<4xf32>) -> tensor<?x4x?x64xf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 64 : tensor<?x4x?x64xf16>
   %kr = attn.rope %k half theta = 500000.0 rotary_dim = 64 : tensor<?x2x?x64xf16>

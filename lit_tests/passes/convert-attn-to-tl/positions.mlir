@@ -35,4 +35,4 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // BWD:         tl.kernel @attn_bwd_dq(
 // BWD:           %dq_back_cos = tl.cos
 
-// PY:          rope_freq_0 = _freq_table('rope_freq_0', [1.0,
+// PY:          rope_freq_0 = _freq_table('rope_freq_0', (1.0,

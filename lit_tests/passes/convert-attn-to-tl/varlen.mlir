@@ -53,5 +53,5 @@ func.func @llama(%q: tensor<?x4x?x64xf16>, %k: tensor<?x2x?x64xf16>, %v: tensor<
 // BWD:      def attn_bwd_dq(
 // BWD:          k_seq = {{.*}} + (k_row0 * stride_k_rot_2)
 // BWD:      def launch(q, k, v, out_3, lse_4, dout_5, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, positions_q, positions_k):
-// BWD:          _launch(attn_bwd_dkdv, (_cdiv(max_seqlen_k, 64), (cu_seqlens_q.shape[0] - 1) * 2,)
-// BWD:          _launch(attn_bwd_dq, ((cu_seqlens_q.shape[0] - 1) * 4, _cdiv(max_seqlen_q, 64),)
+// BWD:          _launch(attn_bwd_dkdv, (_cdiv(max_seqlen_k, 64), (cu_seqlens_q_shape[0] - 1) * 2,)
+// BWD:          _launch(attn_bwd_dq, ((cu_seqlens_q_shape[0] - 1) * 4, _cdiv(max_seqlen_q, 64),)

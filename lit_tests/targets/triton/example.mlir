@@ -41,15 +41,18 @@
 // CHECK-NEXT:      tl.store((lse_base + rows_m), lse, mask=row_ok)
 
 // lse is a workspace the caller may pass (the runtime does when it discards it); strides go
-// as one `*x.stride()[:r]` per tensor.
+// as one `*x.stride()[:r]` per tensor; a shape or device read more than once is read once;
+// RoPE's inverse frequencies are a constant tuple.
 // CHECK:       def launch(q, k, v, *, lse=None):
-// CHECK:           out = torch.empty((q.shape[0], 32, q.shape[2], 128,), dtype=torch.bfloat16, device=q.device)
+// CHECK:           q_shape, q_device, k_shape = q.shape, q.device, k.shape
+// CHECK-NEXT:      out = torch.empty((q_shape[0], 32, q_shape[2], 128,), dtype=torch.bfloat16, device=q_device)
 // CHECK-NEXT:      if lse is None:
-// CHECK-NEXT:          lse = torch.empty((q.shape[0], 32, q.shape[2],), dtype=torch.float32, device=q.device)
-// CHECK-NEXT:      k_rot = torch.empty((k.shape[0], 8, k.shape[2], 128,), dtype=torch.bfloat16, device=k.device)
-// CHECK:           _launch(rotate_k, (_cdiv(k.shape[2], 64), k.shape[0] * 8,), 4, 1,
-// CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k.shape[2], 64,
-// CHECK:           _launch(attn_fwd, (q.shape[0] * 32, _cdiv(q.shape[2], 32),), 4, 1,
+// CHECK-NEXT:          lse = torch.empty((q_shape[0], 32, q_shape[2],), dtype=torch.float32, device=q_device)
+// CHECK-NEXT:      k_rot = torch.empty((k_shape[0], 8, k_shape[2], 128,), dtype=torch.bfloat16, device=k.device)
+// CHECK-NEXT:      rope_0_cos, rope_0_sin = _rope_table('rope_0_cos', (1.0, 0.8146172165870667,
+// CHECK:           _launch(rotate_k, (_cdiv(k_shape[2], 64), k_shape[0] * 8,), 4, 1,
+// CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k_shape[2], 64,
+// CHECK:           _launch(attn_fwd, (q_shape[0] * 32, _cdiv(q_shape[2], 32),), 4, 1,
 // CHECK-NEXT:              q, *q.stride()[:4], k_rot, *k_rot.stride()[:4], v, *v.stride()[:4], out, *out.stride()[:4], lse,
 // CHECK:           return out, lse
 

@@ -67,9 +67,10 @@ tl.launcher "launch"(["x"]) {
 // CHECK-NEXT:      tl.store(ptrs, h, mask=mask)
 // CHECK:       def launch(x):
 // CHECK-NEXT:      """Allocate the outputs and launch the kernels; returns out."""
-// CHECK-NEXT:      out = torch.empty((x.shape[0], 16,), dtype=torch.float16, device=x.device)
-// CHECK-NEXT:      _launch(ops, (triton.cdiv(x.shape[0], 16), 1,), 4, 2,
-// CHECK-NEXT:              x, x.shape[0], 16)
+// CHECK-NEXT:      x_shape = x.shape
+// CHECK-NEXT:      out = torch.empty((x_shape[0], 16,), dtype=torch.float16, device=x.device)
+// CHECK-NEXT:      _launch(ops, (triton.cdiv(x_shape[0], 16), 1,), 4, 2,
+// CHECK-NEXT:              x, x_shape[0], 16)
 // CHECK-NEXT:      return out
 // CHECK:       LAUNCH_PARAMS = {
 // CHECK-NEXT:      'ops': {'grid': ['triton.cdiv(x.shape[0], 16)', '1'], 'num_warps': 4, 'num_stages': 2, 'constexprs': {'BLOCK': '16'}},
