@@ -252,6 +252,8 @@ class Runner:
             options: dict[str, Any] = {"rope_mode": "auto"}
             if self.args.gluon_head_dims:
                 options["gluon_head_dims"] = tuple(int(x) for x in self.args.gluon_head_dims.split(","))
+            if self.args.gluon_min_len:
+                options["gluon_min_len"] = options["gluon_min_len_transformed"] = self.args.gluon_min_len
             return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, **options)
         rope_mode = "auto" if mode == "generic" else mode
         return C.KernelJob.make(variant.name, shape, n, self.sm, self.args.window, rope_mode=rope_mode, gluon=False)
@@ -568,6 +570,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gluon-head-dims",
         default=None,
         help="kernel-path's head-dims for the auto build, e.g. 64,128,256 (default: the pipeline's own)",
+    )
+    ap.add_argument(
+        "--gluon-min-len",
+        type=int,
+        default=None,
+        help="kernel-path's min-len and min-len-transformed for the auto build (default: the pipeline's own)",
     )
     ap.add_argument("--ns", default=None, help="comma-separated sequence lengths")
     ap.add_argument("--skip", default="", help="comma-separated shape:N cases to leave out, e.g. paper:16384")

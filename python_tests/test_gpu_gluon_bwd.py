@@ -47,13 +47,18 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gpu_gluon_bwd")
 
 
-def _modules(ir: str, folder: Path, n: int, **options) -> tuple[ModuleType, ModuleType, list[int]]:
+BWD_HEAD_DIMS = (64, 128)  # the head dims the Gluon backward takes (kernel-path)
+
+
+def _modules(
+    ir: str, folder: Path, n: int, gluon_bwd: bool = True, **options
+) -> tuple[ModuleType, ModuleType, list[int]]:
     module = parse_module(ir)
     wrt = sorted(differentiable_args(analyse(next(iter(module.ops)))))  # type: ignore[arg-type]
-    opts = dict(gluon_min_len=MIN_LEN, gluon_min_len_transformed=MIN_LEN, gluon_head_dims=(64, 128), **options)
+    opts = dict(gluon_min_len=MIN_LEN, gluon_min_len_transformed=MIN_LEN, gluon_head_dims=BWD_HEAD_DIMS) | options
     fwd = compile_module(module, sm=90, seq_len=n, **opts).source
     bwd = compile_module(module, sm=90, seq_len=n, direction="bwd", wrt=tuple(wrt), **opts).source
-    assert "_gluon_backward(" in bwd
+    assert ("_gluon_backward(" in bwd) is gluon_bwd
     return load_source(fwd, folder, interpret=False), load_source(bwd, folder, interpret=False), wrt
 
 
@@ -89,7 +94,7 @@ def _check(ir: str, args: list[torch.Tensor], wrt: list[int], out, dout, grads) 
         assert err < GRAD_TOL[dtype], f"gradient of argument {i}: relative L2 error {err:.2e}"
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[3] in BWD_HEAD_DIMS])
 def test_gluon_backward_gradients(name: str, folder: Path) -> None:
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
@@ -101,6 +106,19 @@ def test_gluon_backward_gradients(name: str, folder: Path) -> None:
     args = _inputs(case, n, n)
     out, dout, grads = _run(fwd, bwd, args)
     assert counting.calls == 1, "the Gluon backward did not run"
+    _check(ir, args, wrt, out, dout, grads)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[3] not in BWD_HEAD_DIMS])
+def test_other_head_dims_differentiate_the_gluon_forward_by_the_generic_backward(name: str, folder: Path) -> None:
+    """Head dim 256: the Gluon forward (its lse) with the generic backward kernels."""
+    case = CASES[name]
+    b, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    fwd, bwd, wrt = _modules(ir, folder, 1024, gluon_bwd=False, gluon_head_dims=(64, 128, 256))
+    assert hasattr(fwd, "_gluon_attention")  # the module carries the Gluon forward
+    args = _inputs(case, 1024, 1024)
+    out, dout, grads = _run(fwd, bwd, args)
     _check(ir, args, wrt, out, dout, grads)
 
 
