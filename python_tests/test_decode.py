@@ -155,7 +155,7 @@ def test_several_splits_combine():
     v = torch.randn(2, 2, 150, D, generator=g).half()
     module = variants.gpt_oss.ir_module(q, k, v, sinks)
     compiled = compile_module(module, sm=0, direction="decode", decode_splits=4)
-    assert "_decode_splits(q.shape[0] * 2, k.shape[2], 32, 2, 256, 4, q.device)" in compiled.source
+    assert "_decode_splits(q_shape[0] * 2, k_shape[2], 32, 2, 256, 4, q_device)" in compiled.source
     mod = load_source(compiled.source, _tmp(), interpret=True)
     lens = torch.tensor([150, 40], dtype=torch.int32)
     with interpreter_library():

@@ -11,7 +11,7 @@
 // CHECK:       tl.kernel @attn_fwd(
 // CHECK:       tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK:         tl.call "rotate_k"
-// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 512)" {
 // CHECK-NEXT:      tl.gluon_attention "q", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal rope ["rope_0_cos", "rope_0_sin"]
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:      tl.call "attn_fwd"

@@ -6,6 +6,7 @@
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=80 seq-len=4096}' | filecheck %s --check-prefix=SM80
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=0}' | filecheck %s --check-prefix=INTERP
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=1024}' | filecheck %s --check-prefix=SHORT
+// RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=256}' | filecheck %s --check-prefix=TINY
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 seq-len=4096 min-len-transformed=512}' | filecheck %s --check-prefix=MINLEN
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 gluon=false}' | filecheck %s --check-prefix=OFF
 // RUN: attnfuse-opt %s --split-input-file -p 'kernel-path{sm=90 head-dims=128,256}' | filecheck %s --check-prefix=NO64
@@ -18,12 +19,14 @@
 // any kernel (tanh=approx): not for the interpreter, f32 inputs or tanh=exact.
 
 // Llama-3: RoPE (Q's in the Gluon kernel, K's pre-rotated), causal, GQA. Its plain RoPE adds
-// no launch, so the shortest length is min-len (2048), as without Q transforms.
-// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// no launch, so the shortest length is as without Q transforms: at head dim 128 the smaller of
+// min-len (2048) and min-len-d128 (512).
+// CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 // SM80:   attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}
 // INTERP: attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}
-// SHORT:  attn.kernel_path = {path = "triton", reason = "compiled for N <= 1024, below the Gluon kernel's min-len 2048"}
-// MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}
+// SHORT:  attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}
+// TINY:   attn.kernel_path = {path = "triton", reason = "compiled for N <= 256, below the Gluon kernel's min-len 512"}
+// MINLEN: attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}
 // OFF:    attn.kernel_path = {path = "triton", reason = "disabled (gluon=false)"}
 func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>) -> tensor<?x32x?x128xbf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 : tensor<?x32x?x128xbf16>
@@ -38,7 +41,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 // -----
 
 // QK-norm then RoPE (Qwen3): the Gluon kernel applies both to Q itself, so min-len (2048).
-// CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 func.func @qknorm(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>, %wq: tensor<128xf32>, %wk: tensor<128xf32>) -> tensor<?x8x?x128xbf16> {
   %qn = attn.norm %q eps = 1.0e-06 weight(%wq : tensor<128xf32>) : tensor<?x8x?x128xbf16>
   %qr = attn.rope %qn half theta = 1000000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
@@ -83,7 +86,7 @@ func.func @full(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor
 // -----
 
 // Score ops and sinks: the Gluon kernel takes them as generated functions (convert-attn-to-tl).
-// CHECK:  func.func @window({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// CHECK:  func.func @window({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %m = attn.mask %s sliding_window(1024) : !attn.scores<4>
@@ -94,11 +97,11 @@ func.func @window(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: te
 
 // -----
 
-// CHECK:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, tanh = "approx-gluon"}}
+// CHECK:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64, tanh = "approx-gluon"}}
 // SM80:   func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}}
 // APPROX: func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
 // INTERP: func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}}
-// EXACT:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// EXACT:  func.func @softcap({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %c = attn.softcap %s cap = 50.0 : !attn.scores<4>
@@ -110,7 +113,7 @@ func.func @softcap(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: t
 
 // -----
 
-// CHECK:  func.func @sink({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// CHECK:  func.func @sink({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 func.func @sink(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tensor<?x4x?x128xbf16>, %sink: tensor<4xf32>) -> tensor<?x4x?x128xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x128xbf16>, tensor<?x4x?x128xbf16> -> !attn.scores<4>
   %m = attn.mask %s causal : !attn.scores<4>
