@@ -182,7 +182,9 @@ class Kernel:
     @property
     def launch(self) -> Callable[..., Any]:
         """The generated `launch(q, k, v, *extra tensors) -> (out, lse)`, called as is:
-        no validation (benchmarks use it to time the kernel alone)."""
+        no validation (benchmarks use it to time the kernel alone). Its tensors must be what the
+        kernel was compiled for, on the current CUDA device: after a kernel's first launch they
+        reach it as bare data pointers."""
         return self._launch
 
     @property
