@@ -18,12 +18,11 @@ microseconds of host time, four times a call. Launch hooks (profilers) take Trit
 import functools
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_CONSUMERS, _GL_LOG2E, _gl_kv_rows, attn_fwd_sm90
-from attnfuse.targets.triton.prelude import _driver
+from attnfuse.targets.triton.prelude import _c_options, _driver, _hooked
 
 # fmt: off
 _GL_BINARIES = {}
@@ -118,9 +117,7 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
            None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
     entry = _GL_BINARIES.get(key)
     constexprs = (causal, stages, rng, full, masked, natural, consumers, pingpong)
-    rt = triton.knobs.runtime
-    if (entry is None or entry[1] is None or getattr(rt.launch_enter_hook, "calls", True)
-            or getattr(rt.launch_exit_hook, "calls", True)):
+    if entry is None or entry[1] is None or _hooked():
         descs = [_gl_desc(*spec) for spec in specs]
         if entry is None:  # Triton's launch path: compiles or loads the binary
             binary = attn_fwd_sm90[grid](*descs, *args, CAUSAL=causal, STAGES=stages, RANGE=rng, SCORE_FULL=full,
@@ -177,6 +174,6 @@ def _gl_runner(binary):
         if (run.global_scratch_size or run.profile_scratch_size or sorted(indices) != [0, 1, 2, 3]
                 or len(meta) != 4 or any(m is None for m in meta)):
             return None
-        return launch, tuple(meta), (run.launch_cooperative_grid, run.launch_pdl, None, None)
+        return launch, tuple(meta), _c_options(run)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None

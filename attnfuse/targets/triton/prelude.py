@@ -9,7 +9,8 @@ function calls.
 - `_kept(make, device)`: tensors those caches keep, allocated outside CUDA-graph memory pools;
 - `_launch(kernel, grid, num_warps, num_stages, *args)`: a kernel launch that runs the
   compiled binary directly after its first launch (`_PLANS`, `_BINARIES`; `_driver()`, the
-  current device and stream, which the Gluon kernels' direct launches use too);
+  current device and stream, `_hooked()` and `_c_options()`, which the Gluon kernels' direct
+  launches use too);
 - `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
 - `_cdiv(a, b)`: the grids' ceiling division.
 
@@ -135,9 +136,7 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
     their data pointers, and, for a binary that needs no scratch memory, through Triton's C
     launcher itself. Launch hooks (profilers) and interpreted kernels always take Triton's
     path."""
-    rt = triton.knobs.runtime
-    if (type(kernel) is not triton.runtime.JITFunction or getattr(rt.launch_enter_hook, "calls", True)
-            or getattr(rt.launch_exit_hook, "calls", True)):
+    if type(kernel) is not triton.runtime.JITFunction or _hooked():
         return _fitting(kernel, grid, num_warps, num_stages, args)
     get_device, get_stream = _driver()
     device = get_device()
@@ -166,6 +165,20 @@ def _launch(kernel, grid, num_warps, num_stages, *args):
         run(gx, gy, gz, get_stream(device), function, metadata, None, None, None, *passed)
 
 
+def _hooked():
+    """Whether a launch hook (a profiler's) is set: launches then take Triton's own path, which
+    calls it."""
+    rt = triton.knobs.runtime
+    return getattr(rt.launch_enter_hook, "calls", True) or getattr(rt.launch_exit_hook, "calls", True)
+
+
+def _c_options(run):
+    """The arguments Triton's C launcher takes between the kernel function and its metadata, for
+    a binary without scratch memory: cooperative grid, PDL, no global or profile scratch (what
+    the launcher object `run` would pass)."""
+    return run.launch_cooperative_grid, run.launch_pdl, None, None
+
+
 def _driver():
     """(the current CUDA device's index, the current stream of a device): the getters a direct
     launch uses, looked up once. torch's current_device() re-checks its lazy initialisation on
@@ -187,8 +200,7 @@ def _runner(binary):
     direct = (callable(launch) and getattr(launch, "__module__", "") == "__triton_launcher"
               and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0)
     if direct:
-        options = (run.launch_cooperative_grid, run.launch_pdl, None, None)
-        return True, launch, binary.function, binary.packed_metadata, options
+        return True, launch, binary.function, binary.packed_metadata, _c_options(run)
     return False, run, binary.function, binary.packed_metadata, ()
 
 
