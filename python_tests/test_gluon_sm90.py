@@ -241,6 +241,11 @@ def test_later_calls_run_the_c_launcher_with_tensor_maps_made_once_per_buffer(mo
     assert len(launched) == 2 and launched[1] == launched[0] and len(maps) == 4
     call(torch.empty_like(q))  # a new output buffer: its own map
     assert len(launched) == 3 and len(maps) == 5
+    # The same address with another geometry (two of the four heads) or box is another tensor map.
+    layout = gluon_launch._gl_layouts(128, torch.bfloat16)[0]
+    gluon_launch._gl_tma_args(q[:, :2], 128, 64, 128, layout, meta[0])
+    gluon_launch._gl_tma_args(q, 128, 128, 128, layout, meta[0])
+    assert len(maps) == 7 and maps[5][0] == maps[6][0] == q.data_ptr()
 
 
 def test_generated_modules_carry_the_library() -> None:
