@@ -6,6 +6,11 @@ gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-p
 
     python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
 
+With --configs, the Gluon backward is also timed with its kernels' module constants changed in the
+generated source, e.g. `--configs "pp:_GLB_PINGPONG=True;s3:_GLB_STAGES=3 _GLB_PINGPONG=True"`
+(label:NAME=VALUE NAME=VALUE...;..., values without spaces; each config's gradients checked like
+the others): the A/B of a kernel schedule before it becomes a default.
+
 With --kernels, also the Gluon backward's time per kernel (torch.profiler's CUDA times of 20
 launches, per launch) in DIR/backward_kernels.md: which kernel to work on.
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +58,13 @@ def main() -> None:
     ap.add_argument("--shapes", default="llama,paper")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--kernels", action="store_true", help="also time the Gluon backward's kernels one by one")
+    ap.add_argument("--configs", default="", help="label:NAME=VALUE NAME=VALUE;... module constants to change (Gluon)")
+    ap.add_argument("--no-reduce", action="store_true", help="leave out dQ by reduce-adds")
     args = ap.parse_args()
+    configs = parse_configs(args.configs)
+    builds = [("generic", dict(gluon=False), ()), ("gluon", {}, ())]
+    builds += [] if args.no_reduce else [("reduce", dict(gluon_dq_reduce=True), ())]
+    builds += [(label, {}, subs) for label, subs in configs.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp())
     rows = []
@@ -61,15 +73,16 @@ def main() -> None:
         "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}",
         "",
-        "| shape | variant | N | generic ms (TFLOP/s) | Gluon ms (TFLOP/s) | Gluon, dQ by reduce-add ms "
-        "| Gluon / generic |",
-        "|---|---|---|---|---|---|---|",
+        "| shape | variant | N | generic ms (TFLOP/s) | Gluon ms (TFLOP/s) | "
+        + "".join(f"{label} ms (TFLOP/s) | " for label, _, _ in builds[2:])
+        + "Gluon / generic |",
+        "|---|---|---|---|---|---|" + "---|" * len(builds[2:]),
     ]
     kernel_lines = [
         "# The Gluon backward's kernels (CUDA time per launch, torch.profiler, 20 launches)",
         "",
-        "| shape | variant | N | kernels (µs) |",
-        "|---|---|---|---|",
+        "| shape | variant | N | build | kernels (µs) |",
+        "|---|---|---|---|---|",
     ]
     for shape in args.shapes.split(","):
         b, hq, hkv, d, dtype = SHAPES[shape]
@@ -84,14 +97,11 @@ def main() -> None:
                 out, lse = fwd.launch(q, k, v)
                 dout = torch.randn_like(out)
                 times, grads = {}, {}
-                for label, opts in (
-                    ("generic", dict(gluon=False)),
-                    ("gluon", {}),
-                    ("reduce", dict(gluon_dq_reduce=True)),
-                ):
+                for label, opts, subs in builds:
                     src = compile_module(
                         parse_module(ir), sm=90, seq_len=n, direction="bwd", wrt=(0, 1, 2), **opts
                     ).source
+                    src = substituted(src, subs)
                     assert ("_gluon_backward(" in src) is (label != "generic"), label
                     bwd = load_source(src, folder, interpret=False)
                     grads[label] = bwd.launch(q, k, v, out, lse, dout)
@@ -99,12 +109,12 @@ def main() -> None:
                     times[label] = triton.testing.do_bench(
                         lambda bwd=bwd, call=call: bwd.launch(*call), return_mode="median"
                     )
-                    if args.kernels and label == "gluon":
-                        kernel_lines.append(f"| {shape} | {name} | {n} | {kernel_times(bwd, call)} |")
+                    if args.kernels and label not in ("generic", "reduce"):
+                        kernel_lines.append(f"| {shape} | {name} | {n} | {label} | {kernel_times(bwd, call)} |")
                         (args.out / "backward_kernels.md").write_text("\n".join(kernel_lines) + "\n")
                 errs = [
                     ((a.double() - r.double()).norm() / r.double().norm()).item()
-                    for label in ("gluon", "reduce")
+                    for label, _, _ in builds[1:]
                     for a, r in zip(grads[label], grads["generic"], strict=True)
                 ]
                 w = WINDOWS.get(name)
@@ -116,12 +126,31 @@ def main() -> None:
                 ratio = times["generic"] / times["gluon"]
                 lines.append(
                     f"| {shape} | {name} | {n} | {times['generic']:.3f} ({tf['generic']:.0f}) | "
-                    f"{times['gluon']:.3f} ({tf['gluon']:.0f}) | {times['reduce']:.3f} | "
-                    f"{ratio:.2f}{'' if ok else ' WRONG'} |"
+                    f"{times['gluon']:.3f} ({tf['gluon']:.0f}) | "
+                    + "".join(f"{times[label]:.3f} ({tf[label]:.0f}) | " for label, _, _ in builds[2:])
+                    + f"{ratio:.2f}{'' if ok else ' WRONG'} |"
                 )
                 print(lines[-1], flush=True)
                 (args.out / "backward_ab.json").write_text(json.dumps(rows, indent=1))
                 (args.out / "backward_ab.md").write_text("\n".join(lines) + "\n")
+
+
+def parse_configs(text: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """`label:NAME=VALUE NAME=VALUE...;...` -> {label: ((NAME, VALUE), ...)}."""
+    configs = {}
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        label, _, sets = item.partition(":")
+        configs[label] = tuple(tuple(x.split("=", 1)) for x in sets.split())
+    return configs
+
+
+def substituted(src: str, subs) -> str:
+    """The generated source with each module constant NAME (a line `NAME = ...`) set to VALUE."""
+    for name, value in subs:
+        src, count = re.subn(rf"^({re.escape(name)} = )[^#\n]*?(\s*(#.*)?)$", rf"\g<1>{value}\g<2>", src, flags=re.M)
+        if count != 1:
+            raise SystemExit(f"--configs: {name} is not a module constant of the generated source")
+    return src
 
 
 def kernel_times(bwd, call, launches: int = 20) -> str:

@@ -32,9 +32,11 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
   (P, dS) by the hook, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ from registers. With
   `reduce_dq`, also dQ's share dS K from dSᵀ in shared memory, in two halves of the head dim,
   each leaving through shared memory as a TMA reduce-add (`_gl_tma_reduce_add`).
-- dQ: one program per 128 query rows (heaviest first), Q and dO loaded once, K and V blocks of 64
-  keys streamed through a 3-deep TMA ring by a 1-warp producer; two consumer warpgroups of 64
-  rows each: S = Q Kᵀ, dP = dO Vᵀ, (P, dS) by the hook, dQ += dS K with dS from registers.
+- dQ: one program per 128 query rows (heaviest first), Q and dO loaded once, K and V blocks
+  streamed through a TMA ring by a 1-warp producer (`_GLBQ_SCHEDULE`: 128 keys, 2 deep at head
+  dim 64; 64 keys, 3 deep at 128); two consumer warpgroups of 64 rows each (taking turns to issue
+  their wgmmas at head dim 128): S = Q Kᵀ, dP = dO Vᵀ, (P, dS) by the hook, dQ += dS K with dS
+  from registers.
 - dK, dV and dQ leave from registers (dK scaled by `dk_scale`, in the dtype of the buffer given: the
   gradient's own, or fp32 for a K chain's kernel).
 Registers (ptxas, sm_90a, on the CPU): the dQ kernel and the D64 dK/dV kernel do not spill; the
@@ -68,6 +70,9 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_ring_wait_free,
     _gl_tile_order,
     _gl_tma_reduce_add,
+    _gl_turn_end,
+    _gl_turn_start,
+    _gl_turns_init,
 )
 
 # fmt: off
@@ -75,8 +80,11 @@ _GLB_KEYS = 128  # keys per program: two consumer warpgroups of 64
 _GLB_ROWS = 64  # query rows per step
 _GLB_STAGES = 2
 _GLBQ_ROWS = 128  # the dQ kernel's Q tile: two consumer warpgroups of 64 rows
-_GLBQ_KEYS = 64  # keys per block of its loop
-_GLBQ_STAGES = 3
+_GLBQ_SCHEDULE = {64: (128, 2, False), 128: (64, 3, True)}
+# The dQ kernel's schedule per head dim: keys per block of its loop, ring depth, ping-pong
+# (its consumers take turns issuing their wgmmas). H200, RoPE + causal at 16k: 128-key blocks
+# 5% faster at D 64 (no gain at 128), ping-pong 5% faster at D 128 (10% slower at 64).
+_GLB_PINGPONG = False  # the same turns in the dK/dV kernel: measured 17% slower (NOTES)
 
 
 @gluon.jit
@@ -95,11 +103,12 @@ def _glb_tile(N, RANGE: gl.constexpr, BLOCK_KV: gl.constexpr, BLOCK_M: gl.conste
 
 @gluon.jit
 def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
-               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr):
+               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
+               PINGPONG: gl.constexpr):
     """Query blocks [lo, hi) of query head `off_hz`, ring positions t, t+1, ...: per block
     Sᵀ and dPᵀ, (P, dS) by HOOK, dV += Pᵀ dO, dK += dSᵀ Q and (DQ) dQ's share dS K added into
     the workspace. Returns dk, dv and the next ring position."""
-    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem = bufs
+    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_D: gl.constexpr = q_smem.shape[2]
     KEYS: gl.constexpr = k_w.shape[0]
@@ -116,11 +125,16 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
         q_s = q_smem.index(slot)
         do_s = do_smem.index(slot)
         _gl_ring_wait(q_bars, t, STAGES)
+        if PINGPONG:  # both operands in place before the turn is taken
+            _gl_ring_wait(do_bars, t, STAGES)
+        _gl_turn_start(turn_bars, 2 * t, WG, PINGPONG)
         st = warpgroup_mma(k_w, q_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                            use_acc=False, is_async=True)
-        _gl_ring_wait(do_bars, t, STAGES)
+        if not PINGPONG:
+            _gl_ring_wait(do_bars, t, STAGES)
         dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                             use_acc=False, is_async=True)
+        _gl_turn_end(turn_bars, WG, PINGPONG)
         q_pos = qb * BLOCK_M + cols
         lse = gl.load(lse_ptr + off_hz * N + q_pos)
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
@@ -128,8 +142,12 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
         st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
         p, ds = HOOK(st, dpt, lse2[None, :], delta[None, :], q_pos[None, :], kv_idx, off_hz, *XARGS)
         ds16 = ds.to(q_s.dtype)
-        dv = warpgroup_mma(gl.convert_layout(p.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
-        dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
+        p_op = gl.convert_layout(p.to(q_s.dtype), op_layout)
+        ds_op = gl.convert_layout(ds16, op_layout)
+        _gl_turn_start(turn_bars, 2 * t + 1, WG, PINGPONG)
+        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+        dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
+        _gl_turn_end(turn_bars, WG, PINGPONG)
         if DQ:  # dQ's share of these keys, in two halves of the head dim (half the registers)
             ds_smem.store(ds16)
             fence_async_shared()
@@ -154,7 +172,7 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
 @gluon.jit
 def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, PINGPONG: gl.constexpr):
     """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: every query block of every query head
     of the group (masked, unmasked, masked), then dK·dk_scale and dV stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -177,11 +195,11 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
     for g in range(GROUP):
         off_hz = off_bk * GROUP + g
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               i0, a, HOOK_MASKED, STAGES, DQ)
+                               i0, a, HOOK_MASKED, STAGES, DQ, WG, PINGPONG)
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               a, b, HOOK_FULL, STAGES, DQ)
+                               a, b, HOOK_FULL, STAGES, DQ, WG, PINGPONG)
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               b, i_end, HOOK_MASKED, STAGES, DQ)
+                               b, i_end, HOOK_MASKED, STAGES, DQ, WG, PINGPONG)
     rows = off_bk * N + row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
     gl.store(dk_ptr + offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
@@ -195,7 +213,7 @@ def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.con
     """The load partition: the program's K and V once, then Q and dO of each query block of
     each query head of the group into ring position t once both consumers released the slot."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem = bufs
+    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem, turn_bars = bufs
     k_smem, v_smem, kv_bar = kv
     BLOCK_KV: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -216,7 +234,7 @@ def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.con
 @gluon.jit
 def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP,
                   XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, PINGPONG: gl.constexpr):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks (see the module docstring). num_warps=4."""
@@ -236,18 +254,20 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_
     q_bars = _gl_barriers(STAGES)
     do_bars = _gl_barriers(STAGES)
     empty_bars = _gl_barriers(STAGES)
+    turn_bars = _gl_barriers(2)
     mbarrier.init(kv_bar, count=1)
     _gl_ring_init(q_bars, do_bars, empty_bars, STAGES, 2)  # released by both consumers
+    _gl_turns_init(turn_bars)
     fence_async_shared()
     kv = (k_smem, v_smem, kv_bar)
-    bufs0 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(0), dq_smem0)
-    bufs1 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(1), dq_smem1)
+    bufs0 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(0), dq_smem0, turn_bars)
+    bufs1 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(1), dq_smem1, turn_bars)
     gl.warp_specialize(
         [
             (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                             STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
+                             STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, PINGPONG)),
             (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                             STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
+                             STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, PINGPONG)),
             (_glb_producer, (descs, bufs0, kv, N, GROUP, STAGES, RANGE)),
         ],
         [4, 1],
@@ -272,10 +292,10 @@ def _glbq_tile(N, RANGE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
 
 @gluon.jit
 def _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, q_pos, off_hz, XARGS, j0, lo, hi,
-                HOOK: gl.constexpr, STAGES: gl.constexpr):
+                HOOK: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """KV blocks [lo, hi) (ring position j - j0): S = Q Kᵀ and dP = dO Vᵀ, (P, dS) by HOOK,
     dQ += dS K."""
-    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
+    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     ROWS: gl.constexpr = q_w.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     warps: gl.constexpr = [gl.num_warps(), 1]
@@ -286,16 +306,23 @@ def _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, q_pos, off_hz, XARGS, j0, lo, 
         i = j - j0
         slot = i % STAGES
         _gl_ring_wait(k_bars, i, STAGES)
+        if PINGPONG:  # both operands in place before the turn is taken
+            _gl_ring_wait(v_bars, i, STAGES)
+        _gl_turn_start(turn_bars, 2 * i, WG, PINGPONG)
         s = warpgroup_mma(q_w, k_smem.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
-        _gl_ring_wait(v_bars, i, STAGES)
+        if not PINGPONG:
+            _gl_ring_wait(v_bars, i, STAGES)
         dp = warpgroup_mma(do_w, v_smem.index(slot).permute((1, 0)),
                            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _gl_turn_end(turn_bars, WG, PINGPONG)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         k_pos = j * BLOCK_N + cols
         p, ds = HOOK(s, dp, lse2, delta, q_pos, k_pos[None, :], off_hz, *XARGS)
         ds_op = gl.convert_layout(ds.to(q_w.dtype), op_layout)
+        _gl_turn_start(turn_bars, 2 * i + 1, WG, PINGPONG)
         dq = warpgroup_mma(ds_op, k_smem.index(slot), dq, is_async=True)
+        _gl_turn_end(turn_bars, WG, PINGPONG)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
         gl.thread_barrier()
         _gl_ring_release(empty_bars, i, STAGES)
@@ -304,11 +331,12 @@ def _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, q_pos, off_hz, XARGS, j0, lo, 
 
 @gluon.jit
 def _glbq_consumer(descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STAGES: gl.constexpr,
-                   WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr):
+                   WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr,
+                   PINGPONG: gl.constexpr):
     """Rows [64·WG, 64·WG + 64) of the Q tile: dQ over its KV blocks (masked, unmasked,
     masked), stored unscaled in fp32."""
     q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
+    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = BLOCK_M // 2
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
@@ -327,9 +355,12 @@ def _glbq_consumer(descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STA
     q_w = q_smem.slice(WG * ROWS, ROWS)
     do_w = do_smem.slice(WG * ROWS, ROWS)
     qp = q_pos[:, None]
-    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, j0, a, HOOK_MASKED, STAGES)
-    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, a, b, HOOK_FULL, STAGES)
-    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, b, j_end, HOOK_MASKED, STAGES)
+    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, j0, a, HOOK_MASKED, STAGES, WG,
+                     PINGPONG)
+    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, a, b, HOOK_FULL, STAGES, WG,
+                     PINGPONG)
+    dq = _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, qp, off_hz, XARGS, j0, b, j_end, HOOK_MASKED, STAGES, WG,
+                     PINGPONG)
     rows = off_hz * N + row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
     offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
     gl.store(dq_ptr + offs, dq)
@@ -340,7 +371,7 @@ def _glbq_producer(descs, bufs, N, GROUP, STAGES: gl.constexpr, RANGE: gl.conste
     """The dQ kernel's load partition: Q and dO of the tile once, then K and V of each KV
     block into ring position j - j0 once both consumers released the slot."""
     q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars = bufs
+    q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     off_hz, pid_m, j0, a, b, j_end = _glbq_tile(N, RANGE, BLOCK_M, BLOCK_N)
@@ -358,7 +389,7 @@ def _glbq_producer(descs, bufs, N, GROUP, STAGES: gl.constexpr, RANGE: gl.conste
 @gluon.jit
 def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS,
                      STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                     HOOK_MASKED: gl.constexpr):
+                     HOOK_MASKED: gl.constexpr, PINGPONG: gl.constexpr):
     """dQ (unscaled, fp32, into dq_ptr) of one 128-row Q tile: a TMA producer warp streaming the
     K and V blocks the tile meets through a STAGES-deep ring, and two consumer warpgroups of 64
     rows each doing three wgmmas per block (S, dP, dQ += dS K): the ordered, deterministic dQ
@@ -372,16 +403,18 @@ def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr
     k_bars = _gl_barriers(STAGES)
     v_bars = _gl_barriers(STAGES)
     empty_bars = _gl_barriers(STAGES)
+    turn_bars = _gl_barriers(2)
     mbarrier.init(q_bar, count=1)
     _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, 2)  # released by both consumers
+    _gl_turns_init(turn_bars)
     fence_async_shared()
-    bufs = (q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars)
+    bufs = (q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
     gl.warp_specialize(
         [
             (_glbq_consumer, (descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STAGES, 0, RANGE, HOOK_FULL,
-                              HOOK_MASKED)),
+                              HOOK_MASKED, PINGPONG)),
             (_glbq_consumer, (descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STAGES, 1, RANGE, HOOK_FULL,
-                              HOOK_MASKED)),
+                              HOOK_MASKED, PINGPONG)),
             (_glbq_producer, (descs, bufs, N, GROUP, STAGES, RANGE)),
         ],
         [4, 1],
@@ -407,7 +440,7 @@ def _glbq_layouts(head_d, dtype):
     """The dQ kernel's NVMMA shared layouts: its Q (and dO) tile and a K/V block."""
     dt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     return (gl.NVMMASharedLayout.get_default_for([_GLBQ_ROWS, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GLBQ_KEYS, head_d], dt))
+            gl.NVMMASharedLayout.get_default_for([_GLBQ_SCHEDULE[head_d][0], head_d], dt))
 
 
 def _gluon_bwd_fits(q, k, v, dout, lse, min_len):
@@ -470,20 +503,21 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
-                                                 HOOK_MASKED=masked, DQ=reduce_dq, num_warps=4)
+                                                 HOOK_MASKED=masked, DQ=reduce_dq, PINGPONG=_GLB_PINGPONG,
+                                                 num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq)
+        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, _GLB_PINGPONG)
     if reduce_dq:
         return
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
     grid = (b * hq, n // _GLBQ_ROWS, 1)
-    args = (desc(q, _GLBQ_ROWS, q_tile_layout), desc(k, _GLBQ_KEYS, kv_block_layout),
-            desc(v, _GLBQ_KEYS, kv_block_layout), desc(dout, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n,
-            group, xargs)
+    keys, stages, pingpong = _GLBQ_SCHEDULE[d]
+    args = (desc(q, _GLBQ_ROWS, q_tile_layout), desc(k, keys, kv_block_layout), desc(v, keys, kv_block_layout),
+            desc(dout, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, xargs)
     key = ("dq", *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:
-        _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=_GLBQ_STAGES, RANGE=range_kv, HOOK_FULL=full,
-                                                    HOOK_MASKED=masked, num_warps=4)
+        _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=stages, RANGE=range_kv, HOOK_FULL=full,
+                                                    HOOK_MASKED=masked, PINGPONG=pingpong, num_warps=4)
     else:
-        binary[grid](*args, _GLBQ_STAGES, range_kv, full, masked)
+        binary[grid](*args, stages, range_kv, full, masked, pingpong)

@@ -136,6 +136,20 @@ def _gl_pass_turn(turn_bars, WG: gl.constexpr):
     mbarrier.arrive(turn_bars.index((WG + 1) % COUNT), count=1)
 
 
+@gluon.jit
+def _gl_turn_start(turn_bars, event, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Before a consumer's wgmma issue number `event`: its turn, with ping-pong."""
+    if PINGPONG:
+        _gl_take_turn(turn_bars, event, WG)
+
+
+@gluon.jit
+def _gl_turn_end(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """After a consumer's wgmma issue: the next consumer's turn, with ping-pong."""
+    if PINGPONG:
+        _gl_pass_turn(turn_bars, WG)
+
+
 @_gl_builtin
 def _gl_tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """Add the shared-memory tile `src` into the block of `tensor_desc` at `coord`, by TMA

@@ -54,15 +54,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from attnfuse.targets.triton.gluon_common import (
     _gl_barriers,
     _gl_block_classes,
-    _gl_pass_turn,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
     _gl_ring_release,
     _gl_ring_wait,
     _gl_ring_wait_free,
-    _gl_take_turn,
     _gl_tile_order,
+    _gl_turn_end,
+    _gl_turn_start,
     _gl_turns_init,
 )
 
@@ -176,20 +176,6 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0, N):
     hi.store(x2.to(q_tile.dtype))
     fence_async_shared()
     gl.thread_barrier()
-
-
-@gluon.jit
-def _gl_turn_start(turn_bars, event, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Before a consumer's wgmma issue number `event`: its turn, with ping-pong."""
-    if PINGPONG:
-        _gl_take_turn(turn_bars, event, WG)
-
-
-@gluon.jit
-def _gl_turn_end(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """After a consumer's wgmma issue: the next consumer's turn, with ping-pong."""
-    if PINGPONG:
-        _gl_pass_turn(turn_bars, WG)
 
 
 @gluon.jit
