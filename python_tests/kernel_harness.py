@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import triton.language  # noqa: F401  (first imported here, as TRITON_INTERPRET says, not inside load_source)
@@ -124,20 +125,44 @@ def qkv(
     return [torch.randn(shape, generator=g).to(dtype) for shape in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv))]
 
 
-def run_kernel(ir: str, args: Sequence[torch.Tensor], folder: Path, **options):
-    """Compile `ir` for the interpreter (sm 0) with the pipeline `options`, run its
-    `launch(*args)` under the interpreter and return (out, lse, compiled source)."""
+_LOADED: dict[tuple[str, str, str], tuple[ModuleType, str]] = {}
+"""Modules compiled and loaded by `run_kernel(..., reuse=True)`, by (IR, folder, options)."""
+
+
+def _compiled(ir: str, folder: Path, reuse: bool, options: dict) -> tuple[ModuleType, str]:
+    key = (ir, str(folder), repr(sorted(options.items())))
+    if reuse and key in _LOADED:
+        return _LOADED[key]
     compiled = compile_module(parse_module(ir), sm=0, **options)
-    module = load_source(compiled.source, folder, interpret=True)
+    loaded = load_source(compiled.source, folder, interpret=True), compiled.source
+    if reuse:
+        _LOADED[key] = loaded
+    return loaded
+
+
+def run_kernel(ir: str, args: Sequence[torch.Tensor], folder: Path, *, reuse: bool = False, **options):
+    """Compile `ir` for the interpreter (sm 0) with the pipeline `options`, run its
+    `launch(*args)` under the interpreter and return (out, lse, compiled source).
+    `reuse`: the module compiled before for the same IR, folder and options, if any (a sweep
+    over shapes compiles its kernel once; the source does not depend on the shapes)."""
+    module, source = _compiled(ir, folder, reuse, options)
     with interpreter_library():  # Triton's own tl.max, tl.cdiv... interpreted too
         out, lse = module.launch(*args)
-    return out, lse, compiled.source
+    return out, lse, source
 
 
-def check(ir: str, args: Sequence[torch.Tensor], folder: Path, *, atol: float | None = None, **options) -> str:
+def check(
+    ir: str,
+    args: Sequence[torch.Tensor],
+    folder: Path,
+    *,
+    atol: float | None = None,
+    reuse: bool = False,
+    **options,
+) -> str:
     """Run the generated kernel and the reference on `args`; assert that the outputs
-    and the log-sum-exps agree. Returns the generated source."""
-    out, lse, source = run_kernel(ir, args, folder, **options)
+    and the log-sum-exps agree. Returns the generated source. `reuse`: see `run_kernel`."""
+    out, lse, source = run_kernel(ir, args, folder, reuse=reuse, **options)
     ref, ref_lse = run_reference_with_lse(ir, *args)
     dtype = args[0].dtype
     tol = TOLERANCE[dtype] if atol is None else atol

@@ -65,7 +65,7 @@ def test_every_offset_within_a_block(kdir, name):
     for offset in OFFSETS:
         args = qkv(hq=1, hkv=1, d=16, nq=nq, nk=nq + offset, seed=offset + 100)
         try:
-            check(ir, args, kdir, block_m=BLOCK, block_n=BLOCK)
+            check(ir, args, kdir, reuse=True, block_m=BLOCK, block_n=BLOCK)
         except AssertionError as e:
             raise AssertionError(f"{name}: Nq={nq}, Nk={nq + offset} (Nk - Nq = {offset})\n{e}") from e
 
@@ -137,7 +137,7 @@ def test_fp8_every_offset_within_a_block(kdir, name):
     for offset in OFFSETS:
         args = qkv(hq=2, hkv=1, d=16, nq=nq, nk=nq + offset, dtype=torch.float32, seed=offset + 300)
         try:
-            source = check(ir, args, kdir, atol=1e-5, block_m=BLOCK, block_n=BLOCK)
+            source = check(ir, args, kdir, atol=1e-5, reuse=True, block_m=BLOCK, block_n=BLOCK)
         except AssertionError as e:
             raise AssertionError(f"{name}: Nq={nq}, Nk={nq + offset} (Nk - Nq = {offset})\n{e}") from e
     assert "def quantize_q(" in source

@@ -214,11 +214,12 @@ def test_varlen_kernels_compile_for_sm90(tmp_path):
 def test_boundaries_in_one_batch():
     """One packed batch holding the boundary cases, forward and backward: lengths around the
     interpreter's tiles (31-33, 63-65) and Nk - Nq at every offset across a 32-key tile (0-32,
-    queries 3), with a 20-key window (and softcap) crossing block edges."""
+    queries 3), with a 20-key window (and softcap) crossing block edges. Two query heads on one
+    KV head (GQA 2:1; the other tests cover 4 on 2): the interpreter's time grows with the heads."""
     var, extras = small_window, ()
     lq = [31, 32, 33, 63, 64, 65, *([3] * 33)]
     lk = [31, 32, 33, 63, 64, 65, *(3 + off for off in range(33))]
-    q, k, v = _packed(lq, lk, grad=True)
+    q, k, v = _packed(lq, lk, hq=2, hkv=1, grad=True)
     with af.backend("interpret"):
         out = var.varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), *extras)
     rq, rk, rv = (t.detach().double().requires_grad_() for t in (q, k, v))
