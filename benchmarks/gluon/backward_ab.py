@@ -7,7 +7,7 @@ gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-p
     python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
 
 With --configs, the Gluon backward is also timed with its kernels' module constants changed in the
-generated source, e.g. `--configs "pp:_GLB_PINGPONG=True;s3:_GLB_STAGES=3 _GLB_PINGPONG=True"`
+generated source, e.g. `--configs "s3:_GLB_STAGES=3;q64:_GLBQ_SCHEDULE={64:(64,3,False),128:(64,3,False)}"`
 (label:NAME=VALUE NAME=VALUE...;..., values without spaces; each config's gradients checked like
 the others): the A/B of a kernel schedule before it becomes a default.
 

@@ -83,8 +83,8 @@ _GLBQ_ROWS = 128  # the dQ kernel's Q tile: two consumer warpgroups of 64 rows
 _GLBQ_SCHEDULE = {64: (128, 2, False), 128: (64, 3, True)}
 # The dQ kernel's schedule per head dim: keys per block of its loop, ring depth, ping-pong
 # (its consumers take turns issuing their wgmmas). H200, RoPE + causal at 16k: 128-key blocks
-# 5% faster at D 64 (no gain at 128), ping-pong 5% faster at D 128 (10% slower at 64).
-_GLB_PINGPONG = False  # the same turns in the dK/dV kernel: measured 17% slower (NOTES)
+# 5% faster at D 64 (no gain at 128), ping-pong 5% faster at D 128 (10% slower at 64; in the
+# dK/dV kernel 17% slower at 128: benchmarks/NOTES.md, 2026-12-03).
 
 
 @gluon.jit
@@ -103,12 +103,11 @@ def _glb_tile(N, RANGE: gl.constexpr, BLOCK_KV: gl.constexpr, BLOCK_M: gl.conste
 
 @gluon.jit
 def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
-               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr,
-               PINGPONG: gl.constexpr):
+               HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr):
     """Query blocks [lo, hi) of query head `off_hz`, ring positions t, t+1, ...: per block
     Sᵀ and dPᵀ, (P, dS) by HOOK, dV += Pᵀ dO, dK += dSᵀ Q and (DQ) dQ's share dS K added into
     the workspace. Returns dk, dv and the next ring position."""
-    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem, turn_bars = bufs
+    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem = bufs
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_D: gl.constexpr = q_smem.shape[2]
     KEYS: gl.constexpr = k_w.shape[0]
@@ -125,16 +124,11 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
         q_s = q_smem.index(slot)
         do_s = do_smem.index(slot)
         _gl_ring_wait(q_bars, t, STAGES)
-        if PINGPONG:  # both operands in place before the turn is taken
-            _gl_ring_wait(do_bars, t, STAGES)
-        _gl_turn_start(turn_bars, 2 * t, WG, PINGPONG)
         st = warpgroup_mma(k_w, q_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                            use_acc=False, is_async=True)
-        if not PINGPONG:
-            _gl_ring_wait(do_bars, t, STAGES)
+        _gl_ring_wait(do_bars, t, STAGES)
         dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                             use_acc=False, is_async=True)
-        _gl_turn_end(turn_bars, WG, PINGPONG)
         q_pos = qb * BLOCK_M + cols
         lse = gl.load(lse_ptr + off_hz * N + q_pos)
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
@@ -142,12 +136,8 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
         st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
         p, ds = HOOK(st, dpt, lse2[None, :], delta[None, :], q_pos[None, :], kv_idx, off_hz, *XARGS)
         ds16 = ds.to(q_s.dtype)
-        p_op = gl.convert_layout(p.to(q_s.dtype), op_layout)
-        ds_op = gl.convert_layout(ds16, op_layout)
-        _gl_turn_start(turn_bars, 2 * t + 1, WG, PINGPONG)
-        dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-        dk = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-        _gl_turn_end(turn_bars, WG, PINGPONG)
+        dv = warpgroup_mma(gl.convert_layout(p.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
+        dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
         if DQ:  # dQ's share of these keys, in two halves of the head dim (half the registers)
             ds_smem.store(ds16)
             fence_async_shared()
@@ -172,7 +162,7 @@ def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_h
 @gluon.jit
 def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, PINGPONG: gl.constexpr):
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
     """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: every query block of every query head
     of the group (masked, unmasked, masked), then dK·dk_scale and dV stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -195,11 +185,11 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
     for g in range(GROUP):
         off_hz = off_bk * GROUP + g
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               i0, a, HOOK_MASKED, STAGES, DQ, WG, PINGPONG)
+                               i0, a, HOOK_MASKED, STAGES, DQ)
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               a, b, HOOK_FULL, STAGES, DQ, WG, PINGPONG)
+                               a, b, HOOK_FULL, STAGES, DQ)
         dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
-                               b, i_end, HOOK_MASKED, STAGES, DQ, WG, PINGPONG)
+                               b, i_end, HOOK_MASKED, STAGES, DQ)
     rows = off_bk * N + row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
     gl.store(dk_ptr + offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
@@ -213,7 +203,7 @@ def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.con
     """The load partition: the program's K and V once, then Q and dO of each query block of
     each query head of the group into ring position t once both consumers released the slot."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem, turn_bars = bufs
+    q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem, dq_smem = bufs
     k_smem, v_smem, kv_bar = kv
     BLOCK_KV: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -234,7 +224,7 @@ def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.con
 @gluon.jit
 def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP,
                   XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, PINGPONG: gl.constexpr):
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks (see the module docstring). num_warps=4."""
@@ -254,20 +244,18 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_
     q_bars = _gl_barriers(STAGES)
     do_bars = _gl_barriers(STAGES)
     empty_bars = _gl_barriers(STAGES)
-    turn_bars = _gl_barriers(2)
     mbarrier.init(kv_bar, count=1)
     _gl_ring_init(q_bars, do_bars, empty_bars, STAGES, 2)  # released by both consumers
-    _gl_turns_init(turn_bars)
     fence_async_shared()
     kv = (k_smem, v_smem, kv_bar)
-    bufs0 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(0), dq_smem0, turn_bars)
-    bufs1 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(1), dq_smem1, turn_bars)
+    bufs0 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(0), dq_smem0)
+    bufs1 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(1), dq_smem1)
     gl.warp_specialize(
         [
             (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                             STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, PINGPONG)),
+                             STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
             (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                             STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, PINGPONG)),
+                             STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
             (_glb_producer, (descs, bufs0, kv, N, GROUP, STAGES, RANGE)),
         ],
         [4, 1],
@@ -503,10 +491,9 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
-                                                 HOOK_MASKED=masked, DQ=reduce_dq, PINGPONG=_GLB_PINGPONG,
-                                                 num_warps=4)
+                                                 HOOK_MASKED=masked, DQ=reduce_dq, num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, _GLB_PINGPONG)
+        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq)
     if reduce_dq:
         return
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
