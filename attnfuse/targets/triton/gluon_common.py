@@ -17,9 +17,11 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
   into slot i % STAGES (`_gl_ring_load`); a consumer waits for it (`_gl_ring_wait`) and releases
   it when done (`_gl_ring_release`). Phases: the (i // STAGES)-th use of a slot waits for phase
   (i // STAGES) & 1.
-- Ping-pong (`_gl_take_turn`, `_gl_pass_turn`): the consumer warpgroups take turns, in order,
-  issuing their asynchronous wgmmas through one turn mbarrier each (`_gl_barriers(consumers)`,
-  `_gl_turns_init`), so one's softmax runs while another's products occupy the tensor cores.
+- Ping-pong (`_gl_take_turn`, `_gl_pass_turn`; `_gl_turn_start` / `_gl_turn_end` call them only
+  when a kernel's PINGPONG is set): the consumer warpgroups take turns, in order, issuing their
+  asynchronous wgmmas through one turn mbarrier each (`_gl_barriers(consumers)`,
+  `_gl_turns_init`), so one's pointwise work (the forward's softmax, the dQ kernel's P and dS)
+  runs while another's products occupy the tensor cores.
 - TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
   TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
   3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so
