@@ -117,7 +117,7 @@ def compile_module(
     over packed sequences (q, k, v as [1, H, total, D]; the forward's `launch` takes
     `cu_seqlens_q, cu_seqlens_k, max_seqlen_q` after the function's arguments, the backward's
     also `max_seqlen_k, positions_q, positions_k`).
-    `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len, gluon_min_len_d128,
+    `options` are the pipeline's (gluon, gluon_head_dims, gluon_min_len, gluon_min_len_fwd,
     gluon_min_len_transformed, tanh, rope_mode, block_m, block_n, num_warps, num_stages,
     causal_split); another name is an `AttnFuseError` that lists them, a bad value the stage's
     `ValueError` naming the option. The module is verified first, dominance included; invalid

@@ -50,8 +50,8 @@ class AttnFusePipelinePass(ModulePass):
     """kernel-path's head-dims: the head dims the Gluon kernel is chosen for."""
     gluon_min_len: int = KernelPathPass.min_len
     """kernel-path's min-len: the shortest sequence the Gluon kernel runs (no Q transforms)."""
-    gluon_min_len_d128: int = KernelPathPass.min_len_d128
-    """kernel-path's min-len-d128: the forward's min-len at head dim 128, when below min-len."""
+    gluon_min_len_fwd: int = KernelPathPass.min_len_fwd
+    """kernel-path's min-len-fwd: the forward's min-len (no pre-rotation kernel), when below min-len."""
     gluon_min_len_transformed: int = KernelPathPass.min_len_transformed
     """kernel-path's min-len-transformed: the same for a variant with Q transforms."""
     tanh: TanhMode = "auto"
@@ -103,7 +103,7 @@ STAGES: list[tuple[str, Callable[[AttnFusePipelinePass], ModulePass | None]]] = 
             gluon=o.gluon,
             head_dims=tuple(o.gluon_head_dims),
             min_len=o.gluon_min_len,
-            min_len_d128=o.gluon_min_len_d128,
+            min_len_fwd=o.gluon_min_len_fwd,
             min_len_transformed=o.gluon_min_len_transformed,
             tanh=o.tanh,
             dq_reduce=o.gluon_dq_reduce,

@@ -87,7 +87,9 @@ benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
   `min-len-transformed`; with Q's RoPE in the kernel (two launches) 1.29x at N = 2048;
 - short sequences (H200, 2026-12-03, run_2026-12-03_short/, after the host path lost most of its
   cost): at head dim 128 the Gluon kernel is 1.39-1.51x the generic kernel for causal from
-  N = 512 (1.27-1.47x with RoPE), hence `min-len-d128`; at head dim 64 0.90-0.97x at N = 1024.
+  N = 512 (1.27-1.47x with RoPE), hence `min-len-fwd`; at head dim 64 0.90-0.97x at N = 1024 with
+  192-row tiles, 1.11-1.36x with two warpgroups over 128 rows (its schedule up to N = 2048 since);
+  at head dim 256 1.88-2.0x (run_2026-12-03_short_d64_d256), so `min-len-fwd` covers every head dim.
 """
 
 from __future__ import annotations
@@ -446,13 +448,14 @@ class KernelPathPass(ModulePass):
     min_len: int = 2048
     """Shortest sequence the Gluon kernels run for a variant without Q transforms (shorter
     calls are launch-bound: the generic kernel's direct launch costs less host time)."""
-    min_len_d128: int = 512
-    """The forward's min-len at head dim 128 when it is below `min_len` (the smaller of the two
-    applies): with the host path of 2026-12-03 the Gluon forward measured 1.39-1.51x the generic
-    kernel for causal at the Llama shape from N = 512 (0.98x, 1.21x, 1.16x cuDNN at 512, 1024,
-    2048) and 1.27-1.47x for RoPE + causal, H200, run_2026-12-03_short. At head dim 64 it was
-    0.97x the generic kernel at N = 1024, so 64 and 256 keep `min_len`; the backward does too
-    (not measured below 2048)."""
+    min_len_fwd: int = 512
+    """The forward's min-len when it is below `min_len` (the smaller of the two applies), for a
+    variant without a pre-rotation kernel: with the host path of 2026-12-03 the Gluon forward
+    measured, against the generic kernel at N = 512-2048, 1.39-1.51x for causal at the Llama
+    shape (head dim 128), 1.16-1.29x at the paper shape (64, two warpgroups up to N = 2048) and
+    1.88-2.0x at Gemma 2's (256); for RoPE + causal 1.27-1.47x, 1.11-1.36x and 1.17-2.04x (H200,
+    run_2026-12-03_short and run_2026-12-03_short_d64_d256). The backward keeps `min_len` (not
+    measured below 2048)."""
     min_len_transformed: int = 4096
     """The same for a variant whose Q transforms need a pre-rotation kernel before the Gluon
     kernel (all but QK-norm and a plain RoPE, which it applies itself: `gluon_rotates_q`): at N = 2048
@@ -491,7 +494,7 @@ class KernelPathPass(ModulePass):
             raise ValueError(f"kernel-path tanh must be one of {', '.join(get_args(TanhMode))}, got '{self.tanh}'")
         for name, value in (
             ("min-len", self.min_len),
-            ("min-len-d128", self.min_len_d128),
+            ("min-len-fwd", self.min_len_fwd),
             ("min-len-transformed", self.min_len_transformed),
         ):
             if value < 128:
@@ -554,8 +557,8 @@ class KernelPathPass(ModulePass):
             return self.inference_entry(v, sm)
         transformed = v.q_chain and not gluon_rotates_q(v) and not v.is_backward
         min_len = self.min_len_transformed if transformed else self.min_len
-        if not transformed and not v.is_backward and v.q_type.get_shape()[3] == 128:
-            min_len = min(min_len, self.min_len_d128)
+        if not transformed and not v.is_backward:
+            min_len = min(min_len, self.min_len_fwd)
         reason = (
             gluon_refusal(v, sm, seq_len, min_len, tuple(self.head_dims)) if self.gluon else "disabled (gluon=false)"
         )

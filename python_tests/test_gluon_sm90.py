@@ -37,18 +37,22 @@ def _check_sm90_binary(kernel) -> None:
 
 
 @pytest.mark.parametrize(
-    "dtype,head_d,causal",
-    [(torch.bfloat16, 128, True), (torch.float16, 64, False)],
-    ids=["bf16-d128-causal", "f16-d64"],
+    "dtype,head_d,causal,n,consumers",
+    [(torch.bfloat16, 128, True, 256, 2), (torch.float16, 64, False, 256, 2), (torch.float16, 64, True, 4096, 3)],
+    ids=["bf16-d128-causal", "f16-d64-short", "f16-d64-causal-192-rows"],
 )
-def test_kernel_compiles_for_sm90(dtype: torch.dtype, head_d: int, causal: bool, monkeypatch) -> None:
+def test_kernel_compiles_for_sm90(
+    dtype: torch.dtype, head_d: int, causal: bool, n: int, consumers: int, monkeypatch
+) -> None:
+    """Each consumer schedule: at head dim 64, two warpgroups up to N = 2048, three past it."""
     capture = _Capture()
     monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", capture)
     monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
-    q, k, v = (torch.zeros(1, h, 256, head_d, dtype=dtype) for h in (4, 2, 2))
-    gluon_launch._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * 256), 0.125, causal)
+    q, k, v = (torch.zeros(1, h, n, head_d, dtype=dtype) for h in (4, 2, 2))
+    gluon_launch._gluon_attention(q, k, v, torch.empty_like(q), torch.empty(4 * n), 0.125, causal)
     ((args, kwargs),) = capture.calls
     monkeypatch.undo()
+    assert kwargs["CONSUMERS"] == consumers
     _check_sm90_binary(compile_for_sm90(gluon_sm90.attn_fwd_sm90, args, kwargs, num_warps=kwargs["num_warps"]))
 
 
@@ -263,7 +267,7 @@ def test_generated_modules_carry_the_library() -> None:
     tree = ast.parse(source)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {"attn_fwd_sm90", "_gluon_fits", "_gluon_attention", "attn_fwd", "launch"} <= names
-    assert "if _gluon_fits(q, k, v, 512):" in source  # head dim 128: min-len-d128
+    assert "if _gluon_fits(q, k, v, 512):" in source  # the forward: min-len-fwd
     # The generic kernel alone, where kernel-path does not choose the Gluon kernel.
     for sm, seq_len in ((80, 4096), (90, 256), (0, 4096)):
         assert "gluon" not in compile_module(parse_module(ir), sm=sm, seq_len=seq_len).source

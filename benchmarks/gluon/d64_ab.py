@@ -5,7 +5,8 @@ generic Triton kernel and SDPA cuDNN, in one process.
 
 The paper shape (B 4, H 12, D 64, fp16), plain causal and RoPE + causal. Each variant's module is
 compiled once with kernel-path head-dims 64,128,256 and run with the Gluon kernel's consumer
-schedule set per row (`_GL_CONSUMERS[64]` of the loaded module: (warpgroups, ping-pong)); the
+schedule set per row (`_GL_CONSUMERS[64]` of the loaded module: (warpgroups, ping-pong), at every N), and
+kernel-path's min-len lowered to 512 so that short N take the Gluon kernel too; the
 generic row is the same variant compiled with gluon=false. SDPA cuDNN computes plain causal (for
 RoPE + causal: after a RoPE compiled per shape, `dynamic=False`). Every output is checked against
 the generic kernel's first (max abs difference <= 2e-2). Medians of `triton.testing.do_bench`.
@@ -37,7 +38,7 @@ from attnfuse.ir import parse_module  # noqa: E402
 ROPE = "attn.rope {x} half theta = 10000.0 rotary_dim = 64"
 CAUSAL = "attn.mask {s} causal"
 VARIANTS = {"causal": dict(score_ops=[CAUSAL]), "rope_causal": dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL])}
-SCHEDULES = {"3wg": (3, False), "3wg_pingpong": (3, True), "2wg_pingpong": (2, True)}
+SCHEDULES = {"3wg": (3, False), "3wg_pingpong": (3, True), "2wg": (2, False), "2wg_pingpong": (2, True)}
 
 
 def _rope(q, k, cos, sin):
@@ -53,7 +54,14 @@ def case(name: str, pieces: dict, n: int, rope, folder: Path) -> dict:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
     gen = load_source(compile_module(parse_module(ir), sm=90, seq_len=n, gluon=False).source, folder, interpret=False)
     glu = load_source(
-        compile_module(parse_module(ir), sm=90, seq_len=n, gluon_head_dims=(64, 128, 256)).source,
+        compile_module(
+            parse_module(ir),
+            sm=90,
+            seq_len=n,
+            gluon_head_dims=(64, 128, 256),
+            gluon_min_len=512,
+            gluon_min_len_transformed=512,
+        ).source,
         folder,
         interpret=False,
     )
@@ -62,6 +70,7 @@ def case(name: str, pieces: dict, n: int, rope, folder: Path) -> dict:
     err = {}
     for label, schedule in SCHEDULES.items():
         glu._GL_CONSUMERS[64] = schedule
+        glu._GL_CONSUMERS_SHORT.clear()  # this schedule at every N
         glu._GL_BINARIES.clear()
         err[label] = (glu.launch(q, k, v)[0].float() - ref.float()).abs().max().item()
         ms[label] = triton.testing.do_bench(lambda: glu.launch(q, k, v), return_mode="median")

@@ -21,7 +21,7 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_CONSUMERS, _GL_LOG2E, _gl_kv_rows, attn_fwd_sm90
+from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_LOG2E, _gl_consumers, _gl_kv_rows, attn_fwd_sm90
 from attnfuse.targets.triton.prelude import _c_options, _driver, _hooked
 
 # fmt: off
@@ -78,7 +78,7 @@ def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None,
     b, hq, n, d = q.shape
     if fp8 is None:
         q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
-        consumers, pingpong = _GL_CONSUMERS[d]
+        consumers, pingpong = _gl_consumers(d, n)
     else:
         consumers, pingpong = 2, True
     block_m = 64 * consumers

@@ -18,12 +18,12 @@ of unmasked and masked blocks), called with their extra arguments `XARGS`. A per
 logit joins the softmax's denominator in the epilogue.
 
 How (FlashAttention-3's structure in Triton 3.6's Gluon, measured on the H200 in
-benchmarks/gluon/, "v4"): one CTA per Q tile of 64 rows per consumer warpgroup (`_GL_CONSUMERS`:
-128 rows, or 192 at head dim 64), heaviest causal tiles launched first.
+benchmarks/gluon/, "v4"): one CTA per Q tile of 64 rows per consumer warpgroup (`_gl_consumers`:
+128 rows, or 192 at head dim 64 past N = 2048), heaviest causal tiles launched first.
 - A 1-warp producer partition loads Q once (a 64-row box per consumer) and streams K/V blocks
   through a ring of shared buffers with TMA (3-deep; 2-deep at head dim 256), each slot guarded
   by K-ready / V-ready / empty mbarriers.
-- Two (three at head dim 64) 4-warp consumer partitions (one warpgroup, 64 rows each); two take
+- Two (three at head dim 64 past N = 2048) 4-warp consumer partitions (one warpgroup, 64 rows each); two take
   turns issuing their asynchronous wgmmas (ping-pong, through turn mbarriers), so one
   warpgroup's softmax runs while the other's matrix products occupy the tensor cores; inside
   each, S_{j+1} =
@@ -80,6 +80,20 @@ _GL_CONSUMERS = {64: (3, False), 128: (2, True), 256: (2, True)}
 """Per head dim, the consumer warpgroups of 64 rows (the Q tile is 64 x that) and whether they
 take turns issuing wgmmas (ping-pong). At 64, FlashAttention-3's schedule: a 192-row tile over
 three warpgroups, each overlapping its own softmax with its products. The FP8 form keeps two."""
+_GL_CONSUMERS_SHORT = {64: (2048, (2, False))}
+"""Per head dim, (N, schedule): the schedule for sequences up to N. At 64, two warpgroups over
+128-row tiles: 1.0-1.24x three at N = 512-2048, 1.76x with RoPE at 512 (a short sequence has
+few tiles, the last of 192 rows often part empty; H200, run_2026-12-03_short_d64_d256); three
+were up to 10% faster from 4096 (run_2026-12-02_d64)."""
+
+
+def _gl_consumers(head_d, n):
+    """The consumer schedule (warpgroups, ping-pong) of the Gluon forward at head dim `head_d`
+    for sequences of n rows."""
+    short = _GL_CONSUMERS_SHORT.get(head_d)
+    return short[1] if short is not None and n <= short[0] else _GL_CONSUMERS[head_d]
+
+
 _GL_LOG2E = 1.4426950408889634
 
 

@@ -51,9 +51,10 @@ func.func @partial(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: t
 
 // -----
 
-// No transforms: q and k go to the Gluon kernel as they are; the given scale is its scale.
+// No transforms: q and k go to the Gluon kernel as they are; the given scale is its scale
+// (head dim 64, the forward: min-len-fwd).
 // CHECK-NOT:   rotate_
-// CHECK:       tl.host_if "_gluon_fits(q, k, v, 2048)" {
+// CHECK:       tl.host_if "_gluon_fits(q, k, v, 512)" {
 // CHECK-NEXT:    tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 2.500000e-01
 // CHECK-NOT:     causal
 // CHECK-NEXT:  } else {

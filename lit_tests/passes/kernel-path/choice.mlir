@@ -19,8 +19,8 @@
 // any kernel (tanh=approx): not for the interpreter, f32 inputs or tanh=exact.
 
 // Llama-3: RoPE (Q's in the Gluon kernel, K's pre-rotated), causal, GQA. Its plain RoPE adds
-// no launch, so the shortest length is as without Q transforms: at head dim 128 the smaller of
-// min-len (2048) and min-len-d128 (512).
+// no launch, so the shortest length is as without Q transforms: the forward's, the smaller of
+// min-len (2048) and min-len-fwd (512).
 // CHECK:  func.func @llama({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 // SM80:   attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)"}
 // INTERP: attn.kernel_path = {path = "triton", reason = "sm 0: the Gluon kernel is for sm 90 (Hopper)"}
@@ -40,7 +40,7 @@ func.func @llama(%q: tensor<?x32x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: te
 
 // -----
 
-// QK-norm then RoPE (Qwen3): the Gluon kernel applies both to Q itself, so min-len (2048).
+// QK-norm then RoPE (Qwen3): the Gluon kernel applies both to Q itself, so min-len-fwd (512).
 // CHECK:  func.func @qknorm({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 func.func @qknorm(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %v: tensor<?x8x?x128xbf16>, %wq: tensor<128xf32>, %wk: tensor<128xf32>) -> tensor<?x8x?x128xbf16> {
   %qn = attn.norm %q eps = 1.0e-06 weight(%wq : tensor<128xf32>) : tensor<?x8x?x128xbf16>
@@ -73,8 +73,10 @@ func.func @interleaved(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x8x?x128xbf16>, %
 
 // -----
 
-// No mask at all, fp16, head dim 64: the Gluon kernel, unless head-dims leaves 64 out.
-// CHECK:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// No mask at all, fp16, head dim 64: the Gluon kernel (min-len-fwd at every head dim), unless
+// head-dims leaves 64 out.
+// CHECK:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
+// SHORT:  func.func @full({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 // NO64:   func.func @full({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 64: not among kernel-path's head-dims [128, 256]"}}
 func.func @full(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor<?x12x?x64xf16>) -> tensor<?x12x?x64xf16> {
   %s = attn.qk %q, %k : tensor<?x12x?x64xf16>, tensor<?x12x?x64xf16> -> !attn.scores<12>
@@ -124,7 +126,7 @@ func.func @sink(%q: tensor<?x4x?x128xbf16>, %k: tensor<?x4x?x128xbf16>, %v: tens
 
 // -----
 
-// CHECK:  func.func @d256({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64}}
+// CHECK:  func.func @d256({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64}}
 // D128:   attn.kernel_path = {path = "triton", reason = "head dim 256: not among kernel-path's head-dims [128]"}
 func.func @d256(%q: tensor<?x4x?x256xbf16>, %k: tensor<?x4x?x256xbf16>, %v: tensor<?x4x?x256xbf16>) -> tensor<?x4x?x256xbf16> {
   %s = attn.qk %q, %k : tensor<?x4x?x256xbf16>, tensor<?x4x?x256xbf16> -> !attn.scores<4>
@@ -159,7 +161,7 @@ func.func @tanh_f32(%q: tensor<?x4x?x128xf32>, %k: tensor<?x4x?x128xf32>, %v: te
 
 // A score_mod's math.tanh counts: on the Gluon kernel by default, on the generic one only with
 // tanh=approx.
-// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 2048 : i64, tanh = "approx-gluon"}}
+// CHECK:  func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "gluon-sm90", min_len = 512 : i64, tanh = "approx-gluon"}}
 // D128:   func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "head dim 256: not among kernel-path's head-dims [128]"}}
 // APPROX: func.func @tanh_mod({{.*}} attributes {attn.kernel_path = {path = "triton", reason = "sm 80: the Gluon kernel is for sm 90 (Hopper)", tanh = "approx"}}
 func.func @tanh_mod(%q: tensor<?x4x?x256xf16>, %k: tensor<?x4x?x256xf16>, %v: tensor<?x4x?x256xf16>) -> tensor<?x4x?x256xf16> {

@@ -8,7 +8,7 @@
 // SM:         attnfuse-opt: error: kernel-path sm must be 0 (the CPU interpreter) or a CUDA compute capability from 70 to 129 (e.g. 80, 90), got 7
 
 // RUN: not attnfuse-opt %s -p 'kernel-path{path=gluon}' 2>&1 | filecheck %s --check-prefix=UNKNOWN
-// UNKNOWN:    attnfuse-opt: error: {{.*}}Provided arguments ["path"] not found in expected arguments ["sm", "seq_len", "gluon", "head_dims", "min_len", "min_len_d128", "min_len_transformed", "tanh", "dq_reduce", "decode", "page_size", "splits", "varlen"]
+// UNKNOWN:    attnfuse-opt: error: {{.*}}Provided arguments ["path"] not found in expected arguments ["sm", "seq_len", "gluon", "head_dims", "min_len", "min_len_fwd", "min_len_transformed", "tanh", "dq_reduce", "decode", "page_size", "splits", "varlen"]
 
 // RUN: not attnfuse-opt %s -p 'kernel-path{tanh=fast}' 2>&1 | filecheck %s --check-prefix=TANH
 // TANH-NOT:   Traceback
