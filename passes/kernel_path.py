@@ -17,9 +17,9 @@ not cover. It takes every variant the Gluon forward takes, at head dims 64 and 1
 Measured (H200, 2026-12-02, benchmarks/results/h200/run_2026-12-02_gluon_bwd/): 1.11-2.08x the
 generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softcap, at the Llama
 and the paper shapes. `dq-reduce` instead adds dQ's shares into an fp32 workspace from the dK/dV
-kernel by TMA reduce-adds (FlashAttention-3's way; not bitwise reproducible): measured 0.71-0.87x
-the ordered dQ kernel's speed, except window+softcap at the paper shape (1.11-1.12x), so it is an
-option, recorded as `dq = "reduce"`. Min-len is `min-len` (a backward pre-rotates Q
+kernel by TMA reduce-adds (FlashAttention-3's way, a writer warp issuing them; not bitwise
+reproducible): measured 0.83x the ordered dQ kernel's speed at the Llama shape and 0.99-1.01x at
+the paper shape (run_2026-12-03_bwd_dq_writer), so it is an option, recorded as `dq = "reduce"`. Min-len is `min-len` (a backward pre-rotates Q
 and K on both paths); below 2048 the Gluon backward was not measured.
 
 `decode` (option `decode`): a forward compiled for decoding against a KV cache
@@ -468,8 +468,8 @@ class KernelPathPass(ModulePass):
     """The Gluon backward's dQ by TMA reduce-adds from its dK/dV kernel (each block of keys adds
     its share into an fp32 workspace: not bitwise reproducible, and a call under
     `torch.use_deterministic_algorithms(True)` does not take it) instead of its ordered dQ
-    kernel (the default: deterministic, and measured faster, benchmarks/results/h200/
-    run_2026-12-02_gluon_bwd)."""
+    kernel (the default: deterministic, and measured faster or as fast, benchmarks/results/h200/
+    run_2026-12-02_gluon_bwd, run_2026-12-03_bwd_dq_writer)."""
 
     decode: bool = False
     """Compile a forward for decoding against a KV cache (`Variant.decode`): the `decode` path."""

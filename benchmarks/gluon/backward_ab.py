@@ -9,7 +9,8 @@ gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-p
 With --configs, the Gluon backward is also timed with its kernels' module constants changed in the
 generated source, e.g. `--configs "s3:_GLB_STAGES=3;q64:_GLBQ_SCHEDULE={64:(64,3,False),128:(64,3,False)}"`
 (label:NAME=VALUE NAME=VALUE...;..., values without spaces; each config's gradients checked like
-the others): the A/B of a kernel schedule before it becomes a default.
+the others): the A/B of a kernel schedule before it becomes a default. A config with the word
+`+reduce` among its settings builds the dq-reduce form (kernel-path dq-reduce) instead.
 
 With --kernels, also the Gluon backward's time per kernel (torch.profiler's CUDA times of 20
 launches, per launch) in DIR/backward_kernels.md: which kernel to work on.
@@ -58,13 +59,18 @@ def main() -> None:
     ap.add_argument("--shapes", default="llama,paper")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--kernels", action="store_true", help="also time the Gluon backward's kernels one by one")
-    ap.add_argument("--configs", default="", help="label:NAME=VALUE NAME=VALUE;... module constants to change (Gluon)")
+    ap.add_argument(
+        "--configs", default="", help="label:NAME=VALUE NAME=VALUE [+reduce];... module constants to change (Gluon)"
+    )
     ap.add_argument("--no-reduce", action="store_true", help="leave out dQ by reduce-adds")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
     builds = [("generic", dict(gluon=False), ()), ("gluon", {}, ())]
     builds += [] if args.no_reduce else [("reduce", dict(gluon_dq_reduce=True), ())]
-    builds += [(label, {}, subs) for label, subs in configs.items()]
+    builds += [
+        (label, dict(gluon_dq_reduce=True) if ("+reduce",) in subs else {}, tuple(x for x in subs if x != ("+reduce",)))
+        for label, subs in configs.items()
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp())
     rows = []
