@@ -19,8 +19,9 @@ generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softca
 and the paper shapes. `dq-reduce` instead adds dQ's shares into an fp32 workspace from the dK/dV
 kernel by TMA reduce-adds (FlashAttention-3's way, a writer warp issuing them; not bitwise
 reproducible): measured 0.83x the ordered dQ kernel's speed at the Llama shape and 0.99-1.01x at
-the paper shape (run_2026-12-03_bwd_dq_writer), so it is an option, recorded as `dq = "reduce"`. Min-len is `min-len` (a backward pre-rotates Q
-and K on both paths); below 2048 the Gluon backward was not measured.
+the paper shape (run_2026-12-03_bwd_dq_writer), so it is an option, recorded as `dq = "reduce"`.
+Min-len is `min-len` (a backward pre-rotates Q and K on both paths); below 2048 the Gluon backward
+was not measured.
 
 `decode` (option `decode`): a forward compiled for decoding against a KV cache
 (`Variant.decode`): a split-KV (flash-decoding) kernel over the cache, all query heads of one KV

@@ -306,6 +306,8 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_
     kv = (k_smem, v_smem, kv_bar)
     bufs0 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(0), dq_smem0, dq_full0, dq_empty0)
     bufs1 = (q_smem, do_smem, q_bars, do_bars, empty_bars, ds_smem.index(1), dq_smem1, dq_full1, dq_empty1)
+    # Two literal lists: Gluon takes a partition's function and arguments only as written in the
+    # call (a tuple holding a jitted function cannot be a value).
     if DQ:
         gl.warp_specialize(
             [
