@@ -59,6 +59,7 @@ from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 from attnfuse.launch import current_backend, kernel_mode, reference_dtype
 from attnfuse.reference import run_reference, run_reference_with_lse
+from attnfuse.targets.triton.prelude import _empty_ordered
 
 __all__ = ["KernelTarget", "OpTarget", "ReferenceTarget", "attention", "recording", "site_call"]
 
@@ -463,15 +464,24 @@ def site_call(variant: VariantLike, q: Tensor, k: Tensor, v: Tensor, extras: tup
 
 @torch.library.custom_op("attnfuse::attention", mutates_args=())
 def attention(key: str, q: Tensor, k: Tensor, v: Tensor, extras: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """(out, lse) of the variant kernel `key` names (see the module docstring)."""
-    return _target(key).forward(q, k, v, extras)
+    """(out, lse) of the variant kernel `key` names (see the module docstring); out laid out in
+    the order of the queries' tensor, as the fake says (a target's output in another layout,
+    e.g. the reference executor's or an FP8 kernel's, is copied into that one)."""
+    target = _target(key)
+    out, lse = target.forward(q, k, v, extras)
+    layout = target.layout(q, k, v, extras)
+    ordered = _empty_ordered((q, k, v)[layout.rows], out.shape, out.dtype, out.device)
+    if ordered.stride() != out.stride():
+        out = ordered.copy_(out)
+    return out, lse
 
 
 @attention.register_fake
 def _attention_fake(key: str, q: Tensor, k: Tensor, v: Tensor, extras: list[Tensor]) -> tuple[Tensor, Tensor]:
     layout = _target(key).layout(q, k, v, extras)
-    b, n = q.shape[0], (q, k, v)[layout.rows].shape[2]
-    out = q.new_empty((b, layout.heads, n, layout.dv))
+    rows = (q, k, v)[layout.rows]
+    b, n = q.shape[0], rows.shape[2]
+    out = _empty_ordered(rows, (b, layout.heads, n, layout.dv), q.dtype, q.device)
     return out, q.new_empty((b, layout.heads, n), dtype=torch.float32)
 
 

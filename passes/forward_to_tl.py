@@ -398,7 +398,7 @@ class ForwardLowering(KernelLowering):
         kernels in order (each by `launch_ops`, the last by `main_launch`), return (out, lse)."""
         q = self.host_name(self.chains.q_arg)
         ops: list[Operation] = [
-            alloc_like("out", q, self.hq, self.dv, self.dtype),
+            alloc_like("out", q, self.hq, self.dv, self.dtype, ordered=True),
             tl.AllocOp(
                 "lse", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]"], "torch.float32", f"{q}.device", given=True
             ),

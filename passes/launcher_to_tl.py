@@ -84,14 +84,15 @@ def call_op(c: KernelCall) -> tl.CallOp:
     return tl.CallOp(c.kernel.sym_name.data, c.grid, c.params.host, c.num_warps, c.num_stages)
 
 
-def alloc_like(var: str, like: str, heads: int, dim: int, dtype: Attribute) -> tl.AllocOp:
+def alloc_like(var: str, like: str, heads: int, dim: int, dtype: Attribute, ordered: bool = False) -> tl.AllocOp:
     """`var = torch.empty` of [B, heads, N, dim] in `dtype`, B and N (and the device) those
-    of the launcher's tensor `like`."""
+    of the launcher's tensor `like`; `ordered`: laid out in like's dimension order (`order_of`)."""
     return tl.AllocOp(
         var,
         [f"{like}.shape[0]", str(heads), f"{like}.shape[2]", str(dim)],
         dtype_name(dtype, "torch"),
         f"{like}.device",
+        order_of=like if ordered else None,
     )
 
 

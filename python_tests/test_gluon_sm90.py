@@ -199,6 +199,31 @@ def test_gluon_fits(nq: int, nk: int, offset: int, min_len: int, fits: bool) -> 
     assert gluon_launch._gluon_fits(*_qkv(nq, nk, offset), min_len) is fits
 
 
+def test_an_output_in_the_queries_order_is_written_through_a_contiguous_buffer(monkeypatch) -> None:
+    """The kernel stores O by TMA as rows of a contiguous [B*H*N, D]; an output laid out in the
+    order of a Hugging Face q (`_empty_ordered`) gets what it wrote, copied."""
+
+    class Kernel:  # writes 0, 1, 2, ... into the O buffer it is given
+        def __getitem__(self, grid):
+            def run(q_desc, k_desc, v_desc, o_desc, *args, **kwargs):
+                seen.append(o_desc.base)
+                o_desc.base.copy_(torch.arange(o_desc.base.numel()).view(o_desc.base.shape))
+
+            return run
+
+    seen: list[torch.Tensor] = []
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", Kernel())
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
+    q, k, v = (torch.zeros(1, 256, h, 64, dtype=torch.float16).transpose(1, 2) for h in (4, 2, 2))
+    out = prelude._empty_ordered(q, (1, 4, 256, 64), torch.float16, q.device)
+    assert not out.is_contiguous() and out.transpose(1, 2).is_contiguous()
+    gluon_launch._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True)
+    ((buffer,),) = [seen]
+    assert buffer.is_contiguous() and buffer.data_ptr() != out.data_ptr()
+    want = torch.arange(4 * 256 * 64).view(1, 4, 256, 64).to(torch.float16)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 def test_later_calls_run_the_c_launcher_with_tensor_maps_made_once_per_buffer(monkeypatch) -> None:
     """After a binary's first launch, `_gluon_attention` calls Triton's C launcher itself (read from
     the closure of Triton's own `wrap_handle_tensordesc`), with the four descriptors expanded as

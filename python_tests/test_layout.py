@@ -100,3 +100,34 @@ def test_head_errors_name_both_layouts():
         rope_window(q, k, torch.randn(2, 20, 3, 16), 5, layout="bnhd")
     with pytest.raises(af.AttnFuseError, match=r"k must have rank 4 \[B, N, H, D\], got shape \[2, 20, 32\]"):
         rope_window(q, torch.randn(2, 20, 32), v, 5, layout="bnhd")
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_the_output_is_laid_out_in_the_order_of_the_queries(backend):
+    """As SDPA lays out its output: for q seen through transpose(1, 2) of a [B, N, H, D] tensor
+    (how Hugging Face models hand q over) the output's transpose back is contiguous, so the
+    model's reshape to [B, N, H·D] copies nothing (and its o_proj saves no second copy of the
+    output); for a contiguous q it is contiguous. The values are the same either way, eager and
+    through the custom op torch.compile traces, whose fake output has the real one's strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attnfuse import autograd
+
+    q, k, v = (x.detach() for x in bnhd())
+    views = [x.transpose(1, 2) for x in (q, k, v)]
+    with af.backend(backend):
+        plain = rope_window(*(x.contiguous() for x in views), 5)
+        eager = rope_window(*views, 5)
+        key = autograd._site_key(rope_window._handle, ((False, 5),))
+        real = torch.ops.attnfuse.attention.default(key, *views, [])[0]
+        mode = FakeTensorMode()
+        fakes = [mode.from_tensor(x) for x in views]
+        with mode:
+            fake = torch.ops.attnfuse.attention.default(key, *fakes, [])[0]
+        caller = rope_window(q, k, v, 5, layout="bnhd")
+    assert plain.is_contiguous() and real.transpose(1, 2).is_contiguous()
+    assert fake.shape == real.shape and fake.stride() == real.stride()
+    if backend == "interpret":  # the kernel's launcher (the reference executor's eager output is its own)
+        assert eager.transpose(1, 2).is_contiguous() and caller.is_contiguous()
+    for out in (eager, real, caller.transpose(1, 2)):
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)

@@ -90,7 +90,13 @@ class AllocOp(_HostOp):
     With `given`, the buffer is a keyword parameter of the launcher (`name=None`) that a
     caller may pass instead: a contiguous buffer of at least as many elements of `dtype` on
     `device`, which the kernels write and the caller may discard (a workspace, e.g. the
-    log-sum-exp of a call that needs no backward). It is allocated only when not given."""
+    log-sum-exp of a call that needs no backward). It is allocated only when not given.
+
+    With `order_of`, a [B, H, N, D] buffer is laid out in the dimension order of that launcher
+    tensor, as PyTorch's SDPA lays out its output in the query's: for a `like` whose heads are
+    inner to its sequence (a [B, N, H, D] tensor seen through `transpose(1, 2)`, Hugging Face's
+    layout) the buffer is `torch.empty([B, N, H, D]).transpose(1, 2)`, so that the caller's
+    transpose back to [B, N, H·D] needs no copy (`_empty_ordered`)."""
 
     name = "tl.alloc"
     var = prop_def(StringAttr)
@@ -98,9 +104,14 @@ class AllocOp(_HostOp):
     dtype = prop_def(StringAttr)
     device = prop_def(StringAttr)
     given = opt_prop_def(UnitAttr)
-    assembly_format = "$var `shape` $shape `dtype` $dtype `device` $device (`given` $given^)? attr-dict"
+    order_of = opt_prop_def(StringAttr)
+    assembly_format = (
+        "$var `shape` $shape `dtype` $dtype `device` $device (`given` $given^)? (`order_of` $order_of^)? attr-dict"
+    )
 
-    def __init__(self, var: str, shape: Sequence[str], dtype: str, device: str, given: bool = False):
+    def __init__(
+        self, var: str, shape: Sequence[str], dtype: str, device: str, given: bool = False, order_of: str | None = None
+    ):
         super().__init__(
             properties={
                 "var": StringAttr(var),
@@ -108,8 +119,15 @@ class AllocOp(_HostOp):
                 "dtype": StringAttr(dtype),
                 "device": StringAttr(device),
                 **({"given": UnitAttr()} if given else {}),
+                **({"order_of": StringAttr(order_of)} if order_of is not None else {}),
             }
         )
+
+    def verify_(self) -> None:
+        if self.order_of is not None and len(self.shape) != 4:
+            raise VerifyException(
+                f"tl.alloc {self.var.data!r} with order_of needs a [B, H, N, D] shape, got {len(self.shape)} entries"
+            )
 
 
 @irdl_op_definition

@@ -64,6 +64,18 @@ def _gl_spec(x):
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
                      rope=None, q_norm=None, fp8=None):
+    """`_gluon_kernel` into `out`; one that is not contiguous (laid out in q's order by
+    `_empty_ordered`: the kernel stores O by TMA as rows of a contiguous [B*Hq*N, D]) is
+    written through a contiguous buffer and copied."""
+    if out.is_contiguous():
+        return _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink, hooks, xargs, natural, rope, q_norm, fp8)
+    out.copy_(_gluon_kernel(q, k, v, torch.empty(out.shape, dtype=out.dtype, device=out.device), lse, qk_scale,
+                            causal, sink, hooks, xargs, natural, rope, q_norm, fp8))
+    return out
+
+
+def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
+                  rope=None, q_norm=None, fp8=None):
     """out[B, Hq, N, D] and lse (a contiguous fp32 buffer of at least B*Hq*N elements) by
     `attn_fwd_sm90`, for q and k holding their transforms and qk_scale the score scale.
     Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,

@@ -12,6 +12,8 @@ function calls.
   current device and stream, `_hooked()` and `_c_options()`, which the Gluon kernels' direct
   launches use too);
 - `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
+- `_empty_ordered(like, shape, dtype, device)`: an output laid out in the dimension order of
+  the input `like` (`tl.alloc ... order_of`);
 - `_cdiv(a, b)`: the grids' ceiling division.
 
 Generated modules must stay standalone (a cached kernel file is all that is imported), so
@@ -244,6 +246,17 @@ def _decode_splits(rows, length, block_n, waves, min_keys, fixed, device):
         splits = min(-(-waves * sms // max(rows, 1)), -(-length // min_keys))
     per = -(-blocks // max(1, min(splits, blocks))) * block_n
     return -(-max(length, 1) // per), per
+
+
+def _empty_ordered(like, shape, dtype, device):
+    """torch.empty(shape) for a [B, H, N, D] output, its heads inner to its sequence when those
+    of the [B, H', N', D'] input `like` are (a [B, N, H, D] tensor through transpose(1, 2), as
+    Hugging Face models hand q over): then out.transpose(1, 2) is contiguous, as SDPA's
+    output is for such a query, and the caller's reshape to [B, N, H·D] copies nothing."""
+    s = like.stride()
+    if s[1] < s[2] and like.shape[1] > 1 and like.shape[2] > 1:
+        return torch.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype, device=device).transpose(1, 2)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _cdiv(a, b):

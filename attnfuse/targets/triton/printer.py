@@ -385,6 +385,11 @@ class TritonPrinter:
                 case tl.AllocOp():
                     shape = ", ".join(s.data for s in h.shape)
                     alloc = f"{h.var.data} = torch.empty(({shape},), dtype={h.dtype.data}, device={h.device.data})"
+                    if h.order_of is not None:
+                        alloc = (
+                            f"{h.var.data} = _empty_ordered({h.order_of.data}, ({shape},), "
+                            f"{h.dtype.data}, {h.device.data})"
+                        )
                     if h.given is not None:
                         self.line(f"if {h.var.data} is None:")
                         self.indent += 1

@@ -148,6 +148,15 @@ tl.kernel @host_in_kernel(%n: i32) {
 
 // -----
 
+// An output laid out in another tensor's dimension order is a [B, H, N, D] one.
+tl.launcher "launch"(["x"]) {
+  tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device" order_of "x"
+  tl.host_return ["out"]
+}
+// CHECK: tl.alloc 'out' with order_of needs a [B, H, N, D] shape, got 2 entries
+
+// -----
+
 // A tl.host_if is a launcher's.
 tl.kernel @if_in_kernel(%n: i32) {
   tl.host_if "True" {

@@ -81,6 +81,7 @@ tl.device_fn @score(%s: !tl.tile<f32>, %qi: !tl.tile<i32>, %ki: !tl.tile<i32>, %
 tl.launcher "launch"(["x", "ids"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
   tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
+  tl.alloc "o4" shape ["x.shape[0]", "4", "x.shape[2]", "16"] dtype "torch.float16" device "x.device" order_of "x"
   tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
   tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
   tl.hadamard_table "t_had" d 64 seed 3 device "x.device"
@@ -177,6 +178,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:   tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:     tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
 // CHECK-NEXT:     tl.alloc "ws" shape ["x.shape[0]"] dtype "torch.float32" device "x.device" given
+// CHECK-NEXT:     tl.alloc "o4" shape ["x.shape[0]", "4", "x.shape[2]", "16"] dtype "torch.float16" device "x.device" order_of "x"
 // CHECK-NEXT:     tl.rope_table "t_cos", "t_sin" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] length "max(x.shape[0], 4)" magnitude 1.250000e+00 device "x.device"
 // CHECK-NEXT:     tl.freq_table "t_freq" inv_freq [1.000000e+00 : f32, 1.000000e-01 : f32] device "x.device"
 // CHECK-NEXT:     tl.hadamard_table "t_had" d 64 seed 3 device "x.device"
@@ -214,6 +216,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC:      "tl.launcher"() <{sym_name = "launch", params = ["x", "ids"]}> ({
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "out", shape = ["x.shape[0]", "16"], dtype = "torch.float16", device = "x.device"}> : () -> ()
 // CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "ws", shape = ["x.shape[0]"], dtype = "torch.float32", device = "x.device", given}> : () -> ()
+// CHECK-GENERIC-NEXT:   "tl.alloc"() <{var = "o4", shape = ["x.shape[0]", "4", "x.shape[2]", "16"], dtype = "torch.float16", device = "x.device", order_of = "x"}> : () -> ()
 // CHECK-GENERIC:        "tl.host_if"() <{cond = "_gluon_fits(x, x, x, 2048)"}> ({
 // CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, causal}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_attention"() <{q = "x", k = "x", v = "x", out = "out", lse = "ws", qk_scale = 1.250000e-01 : f64, sink = "ids", range_fn = @score, score_full = @score, score_masked = @score, natural, args = ["x", "x.stride(0)"]}> : () -> ()

@@ -42,10 +42,10 @@
 
 // lse is a workspace the caller may pass (the runtime does when it discards it); strides go
 // as one `*x.stride()[:r]` per tensor; a shape or device read more than once is read once;
-// RoPE's inverse frequencies are a constant tuple.
+// RoPE's inverse frequencies are a constant tuple; out is laid out in q's dimension order.
 // CHECK:       def launch(q, k, v, *, lse=None):
 // CHECK:           q_shape, q_device, k_shape = q.shape, q.device, k.shape
-// CHECK-NEXT:      out = torch.empty((q_shape[0], 32, q_shape[2], 128,), dtype=torch.bfloat16, device=q_device)
+// CHECK-NEXT:      out = _empty_ordered(q, (q_shape[0], 32, q_shape[2], 128,), torch.bfloat16, q_device)
 // CHECK-NEXT:      if lse is None:
 // CHECK-NEXT:          lse = torch.empty((q_shape[0], 32, q_shape[2],), dtype=torch.float32, device=q_device)
 // CHECK-NEXT:      k_rot = torch.empty((k_shape[0], 8, k_shape[2], 128,), dtype=torch.bfloat16, device=k.device)

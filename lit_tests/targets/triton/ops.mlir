@@ -41,6 +41,7 @@ tl.kernel @ops(%x: !tl.ptr<f16>, %n: i32, %BLOCK: i32 constexpr) {
 }
 tl.launcher "launch"(["x"]) {
   tl.alloc "out" shape ["x.shape[0]", "16"] dtype "torch.float16" device "x.device"
+  tl.alloc "o4" shape ["x.shape[0]", "2", "x.shape[1]", "16"] dtype "torch.float16" device "x.device" order_of "x"
   tl.call "ops" grid ["triton.cdiv(x.shape[0], 16)", "1"] args ["x", "x.shape[0]", "16"] num_warps 4 num_stages 2
   tl.host_return ["out"]
 }
@@ -67,8 +68,9 @@ tl.launcher "launch"(["x"]) {
 // CHECK-NEXT:      tl.store(ptrs, h, mask=mask)
 // CHECK:       def launch(x):
 // CHECK-NEXT:      """Allocate the outputs and launch the kernels; returns out."""
-// CHECK-NEXT:      x_shape = x.shape
-// CHECK-NEXT:      out = torch.empty((x_shape[0], 16,), dtype=torch.float16, device=x.device)
+// CHECK-NEXT:      x_shape, x_device = x.shape, x.device
+// CHECK-NEXT:      out = torch.empty((x_shape[0], 16,), dtype=torch.float16, device=x_device)
+// CHECK-NEXT:      o4 = _empty_ordered(x, (x_shape[0], 2, x_shape[1], 16,), torch.float16, x_device)
 // CHECK-NEXT:      _launch(ops, (triton.cdiv(x_shape[0], 16), 1,), 4, 2,
 // CHECK-NEXT:              x, x_shape[0], 16)
 // CHECK-NEXT:      return out
