@@ -120,7 +120,7 @@ def _glb_dq_out(dq, buf, full_bar, empty_bar, t):
 
 
 @gluon.jit
-def _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
+def _glb_steps(bufs, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t, lo, hi,
                HOOK: gl.constexpr, STAGES: gl.constexpr, DQ: gl.constexpr):
     """Query blocks [lo, hi) of query head `off_hz`, ring positions t, t+1, ...: per block
     Sᵀ and dPᵀ, (P, dS) by HOOK, dV += Pᵀ dO, dK += dSᵀ Q and (DQ) dQ's share dS K added into
@@ -198,11 +198,11 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
     t = 0
     for g in range(GROUP):
         off_hz = off_bk * GROUP + g
-        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
                                i0, a, HOOK_MASKED, STAGES, DQ)
-        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
                                a, b, HOOK_FULL, STAGES, DQ)
-        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, dq_desc, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
+        dk, dv, t = _glb_steps(bufs, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
                                b, i_end, HOOK_MASKED, STAGES, DQ)
     rows = off_bk * N + row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
