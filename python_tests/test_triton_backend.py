@@ -67,6 +67,27 @@ def fresh_prelude(monkeypatch):
     return prelude
 
 
+@pytest.mark.parametrize(
+    "like,ordered",
+    [
+        (torch.zeros(2, 4, 6, 8), False),  # contiguous [B, H, N, D]
+        (torch.zeros(2, 6, 4, 8).transpose(1, 2), True),  # Hugging Face's hand-over
+        (torch.zeros(2, 6, 1, 8).transpose(1, 2), False),  # one head: either order is contiguous
+        (torch.zeros(2, 1, 4, 8).transpose(1, 2), False),  # one row: likewise
+        (torch.zeros(2, 4, 8, 6).transpose(2, 3), False),  # heads outer, other strides odd
+    ],
+    ids=["contiguous", "bnhd-view", "one-head", "one-row", "d-not-inner"],
+)
+def test_empty_ordered_follows_the_heads_and_sequence_order_of_like(like, ordered):
+    shape = (like.shape[0], 3, like.shape[2], 5)  # its own heads and head dim
+    out = prelude._empty_ordered(like, shape, torch.float16, "cpu")
+    assert out.shape == shape and out.dtype == torch.float16
+    if ordered:  # [B, N, H, D] storage
+        assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    else:
+        assert out.is_contiguous()
+
+
 @pytest.mark.parametrize("length,rows", [(0, 1), (1, 1), (5, 8), (8, 8), (9, 16), (1000, 1024)])
 def test_rope_table_rows_are_the_next_power_of_two(fresh_prelude, length, rows):
     cos, sin = fresh_prelude._rope_table("k", [1.0, 0.25], length, 1.0, "cpu")

@@ -253,9 +253,10 @@ def _empty_ordered(like, shape, dtype, device):
     of the [B, H', N', D'] input `like` are (a [B, N, H, D] tensor through transpose(1, 2), as
     Hugging Face models hand q over): then out.transpose(1, 2) is contiguous, as SDPA's
     output is for such a query, and the caller's reshape to [B, N, H·D] copies nothing."""
-    s = like.stride()
-    if s[1] < s[2] and like.shape[1] > 1 and like.shape[2] > 1:
-        return torch.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype, device=device).transpose(1, 2)
+    if not like.is_contiguous():  # the common case first: one cheap check
+        s = like.stride()
+        if s[1] < s[2] and like.shape[1] > 1 and like.shape[2] > 1:
+            return torch.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype, device=device).transpose(1, 2)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
