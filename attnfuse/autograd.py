@@ -59,7 +59,7 @@ from attnfuse.dialects import attn
 from attnfuse.errors import AttnFuseError
 from attnfuse.launch import current_backend, kernel_mode, reference_dtype
 from attnfuse.reference import run_reference, run_reference_with_lse
-from attnfuse.targets.triton.prelude import _empty_ordered
+from attnfuse.targets.triton.prelude import _empty_ordered, _heads_inner
 
 __all__ = ["KernelTarget", "OpTarget", "ReferenceTarget", "attention", "recording", "site_call"]
 
@@ -469,10 +469,12 @@ def attention(key: str, q: Tensor, k: Tensor, v: Tensor, extras: list[Tensor]) -
     e.g. the reference executor's or an FP8 kernel's, is copied into that one)."""
     target = _target(key)
     out, lse = target.forward(q, k, v, extras)
-    layout = target.layout(q, k, v, extras)
-    ordered = _empty_ordered((q, k, v)[layout.rows], out.shape, out.dtype, out.device)
-    if ordered.stride() != out.stride():
-        out = ordered.copy_(out)
+    rows = (q, k, v)[target.layout(q, k, v, extras).rows]
+    if _heads_inner(rows):
+        if not out.transpose(1, 2).is_contiguous():
+            out = _empty_ordered(rows, out.shape, out.dtype, out.device).copy_(out)
+    elif not out.is_contiguous():
+        out = out.contiguous()
     return out, lse
 
 

@@ -13,7 +13,7 @@ function calls.
   launches use too);
 - `_decode_splits(...)`: the decode kernel's split of the KV cache (its cost model);
 - `_empty_ordered(like, shape, dtype, device)`: an output laid out in the dimension order of
-  the input `like` (`tl.alloc ... order_of`);
+  the input `like` (`tl.alloc ... order_of`; `_heads_inner` says which order);
 - `_cdiv(a, b)`: the grids' ceiling division.
 
 Generated modules must stay standalone (a cached kernel file is all that is imported), so
@@ -248,15 +248,21 @@ def _decode_splits(rows, length, block_n, waves, min_keys, fixed, device):
     return -(-max(length, 1) // per), per
 
 
+def _heads_inner(x):
+    """Whether the [B, H, N, D] tensor x has its heads inner to its sequence (a [B, N, H, D]
+    tensor through transpose(1, 2), as Hugging Face models hand q over)."""
+    if x.is_contiguous():  # the common case first: one cheap check
+        return False
+    s = x.stride()
+    return s[1] < s[2] and x.shape[1] > 1 and x.shape[2] > 1
+
+
 def _empty_ordered(like, shape, dtype, device):
     """torch.empty(shape) for a [B, H, N, D] output, its heads inner to its sequence when those
-    of the [B, H', N', D'] input `like` are (a [B, N, H, D] tensor through transpose(1, 2), as
-    Hugging Face models hand q over): then out.transpose(1, 2) is contiguous, as SDPA's
+    of the input `like` are (`_heads_inner`): then out.transpose(1, 2) is contiguous, as SDPA's
     output is for such a query, and the caller's reshape to [B, N, H·D] copies nothing."""
-    if not like.is_contiguous():  # the common case first: one cheap check
-        s = like.stride()
-        if s[1] < s[2] and like.shape[1] > 1 and like.shape[2] > 1:
-            return torch.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype, device=device).transpose(1, 2)
+    if _heads_inner(like):
+        return torch.empty((shape[0], shape[2], shape[1], shape[3]), dtype=dtype, device=device).transpose(1, 2)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
