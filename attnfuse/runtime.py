@@ -52,7 +52,7 @@ from typing import Any, cast
 
 import torch
 
-from attnfuse import autograd, cache, dsl, inference, launch, validation
+from attnfuse import autograd, cache, dsl, eager, inference, launch, validation
 from attnfuse import varlen as varlen_calls
 from attnfuse.cache import KERNELS, LoadedKernel, seq_bucket, use_compiler
 from attnfuse.errors import AttnFuseError
@@ -138,12 +138,12 @@ def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequ
 def _differentiable(
     target: autograd.KernelTarget, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: Sequence[object]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse), recorded by autograd (`autograd.eager_attention`). The backward kernel for
+    """(out, lse), recorded by autograd (`eager.eager_attention`). The backward kernel for
     the inputs requiring grad is compiled first, so that a gradient the compiler cannot
     form is an error here, not in the backward pass."""
     extras = cast(list[torch.Tensor], list(tensors))
     target.backward_launch(tuple(i for i, x in enumerate((q, k, v, *extras)) if x.requires_grad))
-    return autograd.eager_attention(target, q, k, v, extras)
+    return eager.eager_attention(target, q, k, v, extras)
 
 
 class Kernel:
