@@ -38,13 +38,19 @@ def _check_sm90_binary(kernel) -> None:
 
 @pytest.mark.parametrize(
     "dtype,head_d,causal,n,consumers",
-    [(torch.bfloat16, 128, True, 256, 2), (torch.float16, 64, False, 256, 2), (torch.float16, 64, True, 4096, 3)],
-    ids=["bf16-d128-causal", "f16-d64-short", "f16-d64-causal-192-rows"],
+    [
+        (torch.bfloat16, 128, True, 256, 2),
+        (torch.float16, 64, False, 256, 2),
+        (torch.float16, 64, True, 4096, 3),
+        (torch.bfloat16, 256, True, 1024, 1),
+    ],
+    ids=["bf16-d128-causal", "f16-d64-short", "f16-d64-causal-192-rows", "bf16-d256-short-64-rows"],
 )
 def test_kernel_compiles_for_sm90(
     dtype: torch.dtype, head_d: int, causal: bool, n: int, consumers: int, monkeypatch
 ) -> None:
-    """Each consumer schedule: at head dim 64, two warpgroups up to N = 2048, three past it."""
+    """Each consumer schedule: at head dim 64, two warpgroups up to N = 2048, three past it; at
+    256, one up to N = 1024, two past it."""
     capture = _Capture()
     monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", capture)
     monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})

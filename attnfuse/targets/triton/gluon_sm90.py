@@ -19,12 +19,13 @@ logit joins the softmax's denominator in the epilogue.
 
 How (FlashAttention-3's structure in Triton 3.6's Gluon, measured on the H200 in
 benchmarks/gluon/, "v4"): one CTA per Q tile of 64 rows per consumer warpgroup (`_gl_consumers`:
-128 rows, or 192 at head dim 64 past N = 2048), heaviest causal tiles launched first.
+128 rows, or 192 at head dim 64 past N = 2048, or 64 at head dim 256 up to N = 1024), heaviest
+causal tiles launched first.
 - A 1-warp producer partition loads Q once (a 64-row box per consumer) and streams K/V blocks
   through a ring of shared buffers with TMA (3-deep; 2-deep at head dim 256), each slot guarded
   by K-ready / V-ready / empty mbarriers.
-- Two (three at head dim 64 past N = 2048) 4-warp consumer partitions (one warpgroup, 64 rows each); two take
-  turns issuing their asynchronous wgmmas (ping-pong, through turn mbarriers), so one
+- Two (three at head dim 64 past N = 2048, one at 256 up to 1024) 4-warp consumer partitions (one
+  warpgroup, 64 rows each); two take turns issuing their asynchronous wgmmas (ping-pong, through turn mbarriers), so one
   warpgroup's softmax runs while the other's matrix products occupy the tensor cores; inside
   each, S_{j+1} =
   Q·K_{j+1}ᵀ and O += P_j·V_j are in flight while softmax_{j+1} runs (P from registers).
@@ -80,11 +81,13 @@ _GL_CONSUMERS = {64: (3, False), 128: (2, True), 256: (2, True)}
 """Per head dim, the consumer warpgroups of 64 rows (the Q tile is 64 x that) and whether they
 take turns issuing wgmmas (ping-pong). At 64, FlashAttention-3's schedule: a 192-row tile over
 three warpgroups, each overlapping its own softmax with its products. The FP8 form keeps two."""
-_GL_CONSUMERS_SHORT = {64: (2048, (2, False))}
+_GL_CONSUMERS_SHORT = {64: (2048, (2, False)), 256: (1024, (1, False))}
 """Per head dim, (N, schedule): the schedule for sequences up to N. At 64, two warpgroups over
 128-row tiles: 1.0-1.24x three at N = 512-2048, 1.76x with RoPE at 512 (a short sequence has
 few tiles, the last of 192 rows often part empty; H200, run_2026-12-03_short_d64_d256); three
-were up to 10% faster from 4096 (run_2026-12-02_d64)."""
+were up to 10% faster from 4096 (run_2026-12-02_d64). At 256, one warpgroup over 64-row tiles
+(twice the programs, so that the causal work spreads over the SMs): 1.25-1.30x two at N = 512
+and 1024, 0.82x at 2048 (run_2026-12-03_d256_short)."""
 
 
 def _gl_consumers(head_d, n):
@@ -436,7 +439,7 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
                   SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr, CONSUMERS: gl.constexpr,
                   PINGPONG: gl.constexpr):
-    """out, lse of one Q tile of 64·CONSUMERS rows: a TMA producer warp and CONSUMERS (2 or 3)
+    """out, lse of one Q tile of 64·CONSUMERS rows: a TMA producer warp and CONSUMERS (1, 2 or 3)
     consumer warpgroups of 64 rows, taking turns (PINGPONG) or not, sharing a STAGES-deep K/V
     ring (see the module docstring). num_warps=4. The Q descriptor's blocks are the tile; a
     last tile may end past N (3 consumers), its rows from N on computed but not written.
@@ -492,7 +495,7 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
             [4, 4, 1],
             [160, 160, 24],
         )
-    else:
+    elif CONSUMERS == 2:
         gl.warp_specialize(
             [
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
@@ -503,4 +506,14 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
             ],
             [4, 1],
             [240, 24],
+        )
+    else:  # one warpgroup: 64-row tiles, twice the CTAs of two (short sequences at head dim 256)
+        gl.warp_specialize(
+            [
+                (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, False)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+            ],
+            [1],
+            [24],
         )
