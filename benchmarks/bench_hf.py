@@ -36,7 +36,8 @@ against the same model on PyTorch's attention backends, in one process.
   AdamW) on fixed synthetic data, AttnFuse against SDPA from the same initial weights: the two
   loss curves (loss.json, loss.png).
 
-Writes DIR/hf.json (rows and environment) and DIR/hf.md.
+Writes DIR/hf.json (rows and environment) and DIR/hf.md; with `--profile`, one more training step
+per row under torch.profiler: DIR/profile_<model>_<N>_<impl>.txt, its kernels by their own time.
 """
 
 from __future__ import annotations
@@ -203,8 +204,11 @@ def use(model: Any, name: str) -> Any:
     return model
 
 
-def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: int) -> dict[str, Any]:
-    """Median step time, peak memory and the first step's loss of `steps` optimizer steps."""
+def train_steps(
+    model: Any, ids: torch.Tensor, name: str, steps: int, warmup: int, profile: Path | None = None
+) -> dict[str, Any]:
+    """Median step time, peak memory and the first step's loss of `steps` optimizer steps; with
+    `profile`, one more step under torch.profiler, its kernels' table written there."""
     fused = ids.device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
     times: list[float] = []
@@ -212,6 +216,7 @@ def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: in
     if fused:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()
     with backend_context(name), rope_peer(name):
         for i in range(warmup + steps):
             t0 = time.perf_counter()
@@ -224,9 +229,34 @@ def train_steps(model: Any, ids: torch.Tensor, name: str, steps: int, warmup: in
             losses.append(loss.item())
             if i >= warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if fused else None
+        peak = torch.cuda.max_memory_allocated() / 2**30 if fused else None
+        # cudaMalloc calls that failed and were retried after freeing the allocator's cache (each
+        # synchronizes the device): a step near the memory's limit pays for them.
+        retries = torch.cuda.memory_stats().get("num_alloc_retries") if fused else None
+        if profile is not None:
+            profile_step(model, ids, opt, profile)
     del opt
-    return {"step_ms": statistics.median(times), "peak_gib": peak, "first_loss": losses[0]}
+    return {"step_ms": statistics.median(times), "peak_gib": peak, "alloc_retries": retries, "first_loss": losses[0]}
+
+
+def profile_step(model: Any, ids: torch.Tensor, opt: Any, path: Path) -> None:
+    """One training step under torch.profiler: the kernels (or, on the CPU, the ops) by their own
+    time, the top 40, written to `path`, with the step's total so that rows can be compared."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = ids.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = prof.key_averages()
+    total_ms = sum(getattr(e, key) for e in events) / 1e3
+    table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
+    path.write_text(f"total {key}: {total_ms:.1f} ms\n{table}")
 
 
 def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -236,6 +266,7 @@ def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
         if args.cpu_smoke
         else ["sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "sdpa_flash", "flex", "attnfuse"]
     )
+    names = [x for x in names if args.impls is None or x in args.impls]
     cfg = TINY if args.cpu_smoke else LLAMA3_8B
     model = make_model("llama", cfg, "sdpa", dtype, device)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -246,8 +277,9 @@ def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
         if name == "flex":
             static_flex()
         ids = torch.randint(0, cfg["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
+        prof = args.out / f"profile_llama3-8b_{n}_{name.replace('+', '_')}.txt" if args.profile else None
         try:
-            r = train_steps(model, ids, name, args.steps, args.warmup)
+            r = train_steps(model, ids, name, args.steps, args.warmup, prof)
         except Exception as e:  # an impl that cannot run this shape is recorded
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append({"part": "train", "model": "llama3-8b" if not args.cpu_smoke else "tiny", "n": n,
@@ -271,10 +303,13 @@ def part_qwen(args: argparse.Namespace, rows: list[dict]) -> None:
     n = args.ns[0]
     ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, n), generator=torch.Generator().manual_seed(n)).to(device)
     for name in ["sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "attnfuse"]:
+        if args.impls is not None and name not in args.impls:
+            continue
         model.load_state_dict(state)
         model = use(model, name)
+        prof = args.out / f"profile_qwen3-8b_{n}_{name.replace('+', '_')}.txt" if args.profile else None
         try:
-            r = train_steps(model, ids, name, args.steps, args.warmup)
+            r = train_steps(model, ids, name, args.steps, args.warmup, prof)
         except Exception as e:  # a peer that cannot run (liger-kernel missing) is recorded
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append({"part": "train", "model": "qwen3-8b", "n": n, "impl": name, **r})
@@ -500,9 +535,9 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     train = [r for r in rows if r["part"] == "train"]
     if train:
         lines += ["## Training step (batch 1, bf16, fused AdamW)", "",
-                  "| model | N | impl | step ms | peak GiB | first loss | step vs sdpa_cudnn "
+                  "| model | N | impl | step ms | peak GiB | alloc retries | first loss | step vs sdpa_cudnn "
                   "| step vs sdpa_cudnn+liger_rope |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
         def ratio(r: dict, impls: tuple[str, ...]) -> str:
             """Peer step ms / this row's (> 1: this row is faster)."""
@@ -512,10 +547,11 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
 
         for r in train:
             if "step_ms" not in r:
-                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | | |")
+                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | | | |")
                 continue
             peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else ""
-            cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, f"{r['first_loss']:.4f}"]
+            retries = "" if r.get("alloc_retries") is None else r["alloc_retries"]
+            cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, retries, f"{r['first_loss']:.4f}"]
             cells += [ratio(r, ("sdpa_cudnn", "sdpa_math")), ratio(r, ("sdpa_cudnn+liger_rope",))]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines.append("")
@@ -552,11 +588,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--loss-steps", type=int, default=200)
+    ap.add_argument("--impls", default=None, help="train, qwen: only these rows (comma-separated), e.g. attnfuse")
+    ap.add_argument("--profile", action="store_true", help="train, qwen: profile one more step per row")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.ns = [16] if args.cpu_smoke else [int(x) for x in args.ns.split(",")]
     args.prompts = [16] if args.cpu_smoke else [int(x) for x in args.prompts.split(",")]
     args.caches = args.caches.split(",")
+    args.impls = None if args.impls is None else args.impls.split(",")
     if unknown := set(args.caches) - set(INFER_CACHES):
         ap.error(f"--caches: unknown {sorted(unknown)}; choose from {list(INFER_CACHES)}")
     if args.cpu_smoke:
