@@ -28,7 +28,7 @@ from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.kernel_path import uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_bounds
 from attnfuse.passes.launcher_to_tl import KernelCall, kernel_op
-from attnfuse.passes.qk_transforms_to_tl import QKTransforms, rope_layout
+from attnfuse.passes.qk_transforms_to_tl import TRIG_WARPS, QKTransforms, computes_trig, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
@@ -507,7 +507,8 @@ class KernelLowering:
         kb.store(ptr, kb.cast(x_t, dtype), mask)
         p.block.add_op(tl.ReturnOp())
         grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
-        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
+        warps = TRIG_WARPS if computes_trig(chain) else PREROTATE.num_warps
+        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, warps, PREROTATE.num_stages)
 
     def row_positions(self, kb: KernelBuilder, p: Params, which: str, offs_n: SSAValue, n: SSAValue) -> SSAValue:
         """The positions of rows `offs_n` of q or k (`which`) in a pre-rotation kernel: k's row n

@@ -28,6 +28,21 @@ from attnfuse.rope_freqs import op_inv_freq
 HADAMARD_MAX_D = 128
 """The largest head dim whose Hadamard rotation the kernels apply (H in float16 and a 128-row tile
 split in two float16 parts take 96 KB of shared memory at 128; 256 KB at 256)."""
+TRIG_WARPS = 16
+"""Warps of a streaming kernel (a pre-rotation kernel, the Gluon backward's workspace kernels)
+whose RoPE computes its cos and sin itself (at explicit positions or frequencies): at 4 warps,
+libdevice's sin and cos over 64-128 elements per thread spilled 572-1540 bytes (ptxas, sm_90a),
+and such kernels took 10-16x a copy's time in the Llama-3-8B training step (H200,
+benchmarks/NOTES.md, 2026-12-03, tenth session); at 16 warps they use 105-128 registers."""
+
+
+def computes_trig(ops: Sequence[Operation]) -> bool:
+    """Whether a RoPE (or its derivative) among `ops` computes cos and sin in the kernel rather
+    than reading the launcher's tables: one at explicit positions or with given frequencies."""
+    return any(
+        isinstance(op, attn.RopeOp | attn.RopeGradOp) and (op.positions is not None or op.inv_freq is not None)
+        for op in ops
+    )
 
 
 @dataclass(frozen=True)

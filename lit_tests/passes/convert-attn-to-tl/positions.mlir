@@ -1,11 +1,13 @@
 // A rope at explicit positions reads each row's position from its operand (q's [B, Nq],
 // k's [Nk]) and computes cos and sin in the kernel from host-built inverse frequencies
 // (no table length bounds arbitrary positions); the backward's inverse rotations read the
-// same positions in the dQ and dK/dV epilogues.
+// same positions in the dQ and dK/dV epilogues. A pre-rotation kernel that computes cos and sin
+// runs 16 warps (4 spilled libdevice's sin and cos; a table-reading one keeps 4, rope.mlir).
 
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 rope-mode=fused}' | filecheck %s
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 backward=true}' | filecheck %s --check-prefix=BWD
 // RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 rope-mode=fused}' -t triton | filecheck %s --check-prefix=PY
+// RUN: attnfuse-opt %s -p 'attnfuse-pipeline{sm=0 rope-mode=prerotate}' | filecheck %s --check-prefix=PRE
 
 func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x?x32xf16>, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> tensor<?x4x?x32xf16> {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 32 positions(%qp : tensor<?x?xi64>) : tensor<?x4x?x32xf16>
@@ -36,3 +38,6 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // BWD:           %dq_back_cos = tl.cos
 
 // PY:          rope_freq_0 = _freq_table('rope_freq_0', (1.0,
+
+// PRE:         tl.call "rotate_k" grid ["_cdiv(k.shape[2], 64)", "k.shape[0] * 2"] args [{{.*}}] num_warps 16 num_stages 1
+// PRE-NEXT:    tl.call "attn_fwd" {{.*}} num_warps 4
