@@ -259,13 +259,14 @@ def profile_step(model: Any, ids: torch.Tensor, opt: Any, path: Path) -> None:
     path.write_text(f"total {key}: {total_ms:.1f} ms\n{table}")
 
 
+TRAIN_IMPLS = ("sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "sdpa_flash", "flex", "attnfuse",
+               "sdpa_math")  # fmt: skip
+"""The training step's rows, in their order (the last, SDPA's math backend, for the CPU smoke run)."""
+
+
 def part_train(args: argparse.Namespace, rows: list[dict]) -> None:
     dtype, device = (torch.float32, "cpu") if args.cpu_smoke else (torch.bfloat16, "cuda")
-    names = (
-        ["sdpa_math", "attnfuse"]
-        if args.cpu_smoke
-        else ["sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "sdpa_flash", "flex", "attnfuse"]
-    )
+    names = ["sdpa_math", "attnfuse"] if args.cpu_smoke else list(TRAIN_IMPLS[:-1])
     names = [x for x in names if args.impls is None or x in args.impls]
     cfg = TINY if args.cpu_smoke else LLAMA3_8B
     model = make_model("llama", cfg, "sdpa", dtype, device)
@@ -596,6 +597,8 @@ def main() -> None:
     args.prompts = [16] if args.cpu_smoke else [int(x) for x in args.prompts.split(",")]
     args.caches = args.caches.split(",")
     args.impls = None if args.impls is None else args.impls.split(",")
+    if args.impls is not None and (unknown := set(args.impls) - set(TRAIN_IMPLS)):
+        ap.error(f"--impls: unknown {sorted(unknown)}; choose from {list(TRAIN_IMPLS)}")
     if unknown := set(args.caches) - set(INFER_CACHES):
         ap.error(f"--caches: unknown {sorted(unknown)}; choose from {list(INFER_CACHES)}")
     if args.cpu_smoke:
