@@ -241,7 +241,7 @@ def train_steps(
 
 def profile_step(model: Any, ids: torch.Tensor, opt: Any, path: Path) -> None:
     """One training step under torch.profiler: the kernels (or, on the CPU, the ops) by their own
-    time, the top 40, written to `path`, with the step's total so that rows can be compared."""
+    time, the top 40, written to `path` (the table's footer gives the step's total)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = ids.device.type == "cuda"
@@ -253,10 +253,7 @@ def profile_step(model: Any, ids: torch.Tensor, opt: Any, path: Path) -> None:
         if cuda:
             torch.cuda.synchronize()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = prof.key_averages()
-    total_ms = sum(getattr(e, key) for e in events) / 1e3
-    table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
-    path.write_text(f"total {key}: {total_ms:.1f} ms\n{table}")
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=90))
 
 
 TRAIN_IMPLS = ("sdpa_cudnn", "sdpa_cudnn+liger_rope", "sdpa_cudnn+compiled_rope", "sdpa_flash", "flex", "attnfuse",

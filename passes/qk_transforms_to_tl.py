@@ -267,7 +267,7 @@ class QKTransforms:
         first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
         sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")
         rotated = kb.cmp("<", offs_d, r)
-        if op.inv_freq is None and op.positions is None:
+        if not computes_trig([op]):  # cos and sin from the launcher's tables
             cos_ptr, sin_ptr = self.rope_tables(p, op)
             tok_sign = None
             if signed_pos:
