@@ -132,8 +132,7 @@ def rope_grad(
     assert partner is not None
     index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
     gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
-    neg = kb.sub(0, pos, hint=f"{prefix}_neg_pos")
-    return bl.qk.rotated(kb, p, op, layout, g, gp, offs_d, neg, ok, True, f"{prefix}_back", True)
+    return bl.qk.rotated(kb, p, op, layout, g, gp, offs_d, pos, ok, True, f"{prefix}_back", True, inverse=True)
 
 
 def store_partial(

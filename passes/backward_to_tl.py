@@ -361,7 +361,8 @@ class BackwardLowering(KernelLowering):
     def lower(self) -> LoweredFunction:
         """The backward's kernels and their launcher."""
         calls = self.kernels()
-        return LoweredFunction([c.kernel for c in calls], self.backward_launcher(calls))
+        launcher = self.backward_launcher(calls)
+        return self.lowered([c.kernel for c in calls], launcher)
 
     def kernels(self) -> list[KernelCall]:
         calls = [pre_kernel(self)]

@@ -91,7 +91,8 @@ class DecodeLowering(KernelLowering):
 
     def lower(self) -> LoweredFunction:
         main, combine, single = self.decode_kernel(), self.combine_kernel(), self.decode_kernel(single=True)
-        return LoweredFunction([main.kernel, combine.kernel, single.kernel], self.launcher(main, combine, single))
+        launcher = self.launcher(main, combine, single)
+        return self.lowered([main.kernel, combine.kernel, single.kernel], launcher)
 
     # ------------------------------------------------------------------ the packed Q tile
     def packed_rows(
@@ -447,12 +448,7 @@ class DecodeLowering(KernelLowering):
             ),
             tl.HostAssignOp("block_m", self.rows),
         ]
-        for key, (values, magnitude) in self.qk.tables.items():
-            ops.append(
-                tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, f"max({q}.shape[2], {self.length})", magnitude, dev)
-            )
-        ops += [tl.FreqTableOp(key, values, dev) for key, values in self.qk.freqs.items()]
-        ops += [tl.HadamardTableOp(key, self.d, seed, dev) for key, seed in self.qk.hadamards.items()]
+        ops += self.rope_host_ops(dev, f"max({q}.shape[2], {self.length})")
         split = [
             tl.AllocOp("o_part", [f"{rows} * splits * block_m", str(self.dvp)], "torch.float32", dev),
             tl.AllocOp("lse_part", [f"{rows} * splits * block_m"], "torch.float32", dev),

@@ -110,7 +110,8 @@ class ForwardLowering(KernelLowering):
     def lower(self) -> LoweredFunction:
         """The kernels (`rotate_k` when K is pre-rotated, `attn_fwd`) and the launcher."""
         calls = self.kernel_calls()
-        return LoweredFunction([c.kernel for c in calls], self.launcher(calls))
+        launcher = self.launcher(calls)
+        return self.lowered([c.kernel for c in calls], launcher)
 
     def kernel_calls(self) -> list[KernelCall]:
         """`rotate_k` (when K's placement is `prerotate`), then `attn_fwd`."""

@@ -96,7 +96,8 @@ class Fp8Lowering(ForwardLowering):
                 calls.append(self.quantize_kernel(qz, "amax"))
             calls.append(self.quantize_kernel(qz, "values"))
         calls.append(self.main_kernel())
-        return LoweredFunction([c.kernel for c in calls], self.launcher(calls))
+        launcher = self.launcher(calls)
+        return self.lowered([c.kernel for c in calls], launcher)
 
     # ------------------------------------------------------------------ quantization kernels
     def quantize_kernel(self, qz: Quantized, mode: str) -> KernelCall:

@@ -31,7 +31,6 @@ from attnfuse.passes.backward_to_tl import BackwardLowering, Side
 from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq
 from attnfuse.passes.kv_segments import kv_segments, q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, device_fn_op
-from attnfuse.passes.qk_transforms_to_tl import TRIG_WARPS, computes_trig
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
 
@@ -57,7 +56,7 @@ class GluonBackwardLowering(BackwardLowering):
             extra.append(self.acc_kernel(self.k))
         launcher = self.gluon_launcher(calls, fns, extra)
         kernels = [c.kernel for c in calls + extra]
-        return LoweredFunction(kernels, launcher, fns)
+        return self.lowered(kernels, launcher, fns)
 
     # ------------------------------------------------------------------ the hooks
     def hooks(self) -> list[tl.DeviceFnOp]:
@@ -157,8 +156,7 @@ class GluonBackwardLowering(BackwardLowering):
         p.block.add_op(tl.ReturnOp())
         blocks = f"_cdiv({host}.shape[2], {self.block_m})"
         grid = [f"{host}.shape[0] * {heads}", blocks] if is_q else [blocks, f"{host}.shape[0] * {heads}"]
-        warps = TRIG_WARPS if computes_trig(side.chain) else 4
-        return KernelCall(self.kernel(f"attn_bwd_{which}_acc", p), p, grid, warps, 1)
+        return KernelCall(self.kernel(f"attn_bwd_{which}_acc", p), p, grid, 4, 1)
 
     # ------------------------------------------------------------------ the launcher
     def gluon_launcher(

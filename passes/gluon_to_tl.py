@@ -87,7 +87,7 @@ class GluonLowering(ForwardLowering):
         if rotate_q is not None:
             calls.insert(-1, rotate_q)  # its kernel, defined before the main one
         functions = self.gluon.functions.ops if self.gluon.functions is not None else []
-        return LoweredFunction([c.kernel for c in calls], launcher, functions)
+        return self.lowered([c.kernel for c in calls], launcher, functions)
 
     def gluon_functions(self) -> GluonFunctions | None:
         """The variant's score ops as device functions for the sm90 Gluon kernel; None when

@@ -8,7 +8,8 @@ D=128), so every offset that grows with the tensor is computed in int64: the bat
 head offsets and the row offset of a tile's first row, added once to a scalar base
 pointer, and the indices of extra tensors. The offsets within a tile (rows of a block,
 channels) stay int32, as they are bounded by the block size times a stride; so do the
-RoPE tables' (positions x rotary_dim / 2, below 2^31 up to 2^24 positions).
+RoPE tables' (positions, or tokens of a positions tensor, x rotary_dim / 2: below 2^31 up to
+2^24 of them).
 
 Q's and K's transforms (RoPE, QK-norm, scale) are built by `qk_transforms_to_tl`, custom
 mask/bias/score_mod regions by `region_to_tl`.
@@ -27,14 +28,16 @@ from attnfuse.dialects.attn import LOG2E, Placement, PlacementAttr
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.kernel_path import uses_approx_tanh
 from attnfuse.passes.kv_segments import kv_bounds
-from attnfuse.passes.launcher_to_tl import KernelCall, kernel_op
-from attnfuse.passes.qk_transforms_to_tl import TRIG_WARPS, QKTransforms, computes_trig, rope_layout
+from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, kernel_op
+from attnfuse.passes.qk_transforms_to_tl import CallTable, QKTransforms, rope_layout
 from attnfuse.passes.region_to_tl import RegionEnv, lower_region
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
 POS_INF = float("inf")
+TABLE_BLOCK = 32
+"""Rows of a per-call RoPE table (`rope_at_*_tables`) per program."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,8 @@ class KernelLowering:
         self.log2e_folded = chains.qk.log2e_folded
         self.kv_bounds = kv_bounds(chains)
         self.precision = "ieee" if self.dtype == f32 else None
+        self.table_calls: list[KernelCall] = []
+        """The kernels of the per-call RoPE tables, once `rope_host_ops` has built them."""
 
     # ------------------------------------------------------------------ parameters
     def host_name(self, value: SSAValue) -> str:
@@ -213,28 +218,93 @@ class KernelLowering:
         rows: SSAValue,
         ok: SSAValue | None,
     ) -> SSAValue:
-        """The positions RoPE rotates the rows `rows` of a q or k tile at: its rope's
-        `positions` operand, loaded (int32), or else `default` (the row convention)."""
+        """What RoPE reads its cos and sin at for the rows `rows` of a q or k tile: for a rope at
+        explicit positions, the rows' token indices into its per-call tables (b * N + row for
+        [B, N] positions); else `default`, the rows' positions (the row convention)."""
         rope = next((op for op in chain if isinstance(op, attn.RopeOp)), None)
         if rope is None or rope.positions is None:
             return default
-        t = self.tensor(p, rope.positions)
-        base = kb.add(t.ptr, kb.mul(b_off, t.strides[0])) if len(t.strides) == 2 else t.ptr
-        ptr = kb.add(base, kb.mul(kb.cast(rows, i64), t.strides[-1]))
-        return kb.cast(kb.load(ptr, ok, 0, hint="pos"), i32)
+        t = rope.positions.type
+        assert isinstance(t, TensorType)
+        if len(t.get_shape()) == 1:
+            return rows
+        name = self.host_name(rope.positions)
+        n = p.param(f"{name}_n", i32, f"{name}.shape[1]")
+        return kb.add(kb.mul(kb.cast(b_off, i32), n), rows, hint="pos_tok")
 
-    def rope_host_ops(self, device: str) -> list[Operation]:
-        """The launcher's RoPE tables (positions 0..max(Nq, Nk) - 1), inverse-frequency
-        tensors (ropes at explicit positions) and Hadamard matrices that the kernels read."""
+    def rope_host_ops(self, device: str, length: str | None = None) -> list[Operation]:
+        """The launcher's RoPE tables (positions 0..`length` - 1, by default max(Nq, Nk) - 1),
+        inverse-frequency tensors and Hadamard matrices that the kernels read, and the launches
+        of the per-call tables' kernels (`table_calls`, which `lowered` puts in the module)."""
         q, k = self.host_name(self.chains.q_arg), self.host_name(self.chains.k_arg)
+        # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
+        length = length or f"max({q}.shape[2], {k}.shape[2])"
         ops: list[Operation] = []
         for key, (values, magnitude) in self.qk.tables.items():
-            # Positions 0..Nk-1, and |Nk - Nq + i| < Nq for queries.
-            length = f"max({q}.shape[2], {k}.shape[2])"
             ops.append(tl.RopeTableOp(f"{key}_cos", f"{key}_sin", values, length, magnitude, device))
+        self.table_calls = [self.call_table_kernel(key, t, length) for key, t in self.qk.call_tables.items()]
         ops += [tl.FreqTableOp(key, values, device) for key, values in self.qk.freqs.items()]
         ops += [tl.HadamardTableOp(key, self.d, seed, device) for key, seed in self.qk.hadamards.items()]
+        for (key, t), call in zip(self.qk.call_tables.items(), self.table_calls, strict=True):
+            shape = [self.table_rows(t, length), str(t.half)]
+            ops += [tl.AllocOp(f"{key}_{f}", shape, "torch.float32", device) for f in ("cos", "sin")]
+            ops.append(call_op(call))
         return ops
+
+    def call_table_kernel(self, key: str, t: CallTable, length: str) -> KernelCall:
+        """`<key>_tables`: a per-call RoPE table pair ([rows, half] float32 cos and sin, times
+        the magnitude) at the tokens' positions, or at 0..`length` - 1 without a positions
+        tensor."""
+        p = Params()
+        kb = KernelBuilder(p, p.block)
+        cos_ptr = p.param(f"{key}_cos", tl.PointerType(f32), f"{key}_cos")
+        sin_ptr = p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin")
+        rows = p.param("ROWS", i32, self.table_rows(t, length))
+        block = p.param("BLOCK", i32, str(TABLE_BLOCK), constexpr=True)
+        tok = kb.add(kb.mul(kb.emit(tl.ProgramIdOp(0), "pid"), block), kb.arange(block), hint="tok")
+        ok = kb.cmp("<", tok, rows, hint="tok_ok")
+        pos = tok
+        if t.positions is not None:
+            name = self.host_name(t.positions)
+            pt = self.tensor(p, t.positions)
+            if len(pt.strides) == 2:
+                n = p.param(f"{name}_n", i32, f"{name}.shape[1]")
+                b, r = kb.cast(kb.floordiv(tok, n), i64), kb.cast(kb.rem(tok, n), i64)
+                off = kb.add(kb.mul(b, pt.strides[0]), kb.mul(r, pt.strides[1]))
+            else:
+                off = kb.mul(kb.cast(tok, i64), pt.strides[0])
+            pos = kb.load(kb.add(pt.ptr, off), ok, 0, hint="pos")
+        if t.inv_freq is not None:
+            ft = self.tensor(p, t.inv_freq)
+            freq_ptr, freq_stride = ft.ptr, ft.strides[0]
+        else:
+            freq_ptr, freq_stride = self.qk.freq_table(p, t.values), 1
+        pair = kb.arange(pow2(t.half), hint="pair")
+        pair_ok = kb.cmp("<", pair, t.half, hint="pair_ok")
+        freq = kb.load(kb.add(freq_ptr, kb.mul(pair, freq_stride)), pair_ok, 0.0, hint="inv_freq")
+        angle = kb.mul(kb.row(kb.cast(pos, f32)), kb.col(kb.cast(freq, f32)), hint="angle")
+        cos, sin = kb.unary(tl.CosOp, angle, hint="cos"), kb.unary(tl.SinOp, angle, hint="sin")
+        if t.magnitude != 1.0:
+            cos, sin = kb.mul(cos, t.magnitude), kb.mul(sin, t.magnitude)
+        idx = kb.add(kb.mul(kb.row(tok), t.half), kb.col(pair), hint="idx")
+        mask = kb.and_(kb.row(ok), kb.col(pair_ok))
+        kb.store(kb.add(cos_ptr, idx), cos, mask)
+        kb.store(kb.add(sin_ptr, idx), sin, mask)
+        p.block.add_op(tl.ReturnOp())
+        grid = [f"_cdiv({self.table_rows(t, length)}, {TABLE_BLOCK})"]
+        return KernelCall(self.kernel(f"{key}_tables", p), p, grid, 4, 1)
+
+    def table_rows(self, t: CallTable, length: str) -> str:
+        """The launcher's expression for a per-call table's rows: the positions' tokens, or `length`."""
+        return f"{self.host_name(t.positions)}.numel()" if t.positions is not None else length
+
+    def lowered(
+        self, kernels: list[tl.KernelOp], launcher: tl.LauncherOp, functions: list[tl.DeviceFnOp] | None = None
+    ) -> LoweredFunction:
+        """The lowered function: the per-call tables' kernels (which `launcher`, built first,
+        launches), then `kernels` and `functions`."""
+        tables = [c.kernel for c in self.table_calls]
+        return LoweredFunction([*tables, *kernels], launcher, functions or [])
 
     # ------------------------------------------------------------------ score ops
     def region(
@@ -507,8 +577,7 @@ class KernelLowering:
         kb.store(ptr, kb.cast(x_t, dtype), mask)
         p.block.add_op(tl.ReturnOp())
         grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
-        warps = TRIG_WARPS if computes_trig(chain) else PREROTATE.num_warps
-        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, warps, PREROTATE.num_stages)
+        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
 
     def row_positions(self, kb: KernelBuilder, p: Params, which: str, offs_n: SSAValue, n: SSAValue) -> SSAValue:
         """The positions of rows `offs_n` of q or k (`which`) in a pre-rotation kernel: k's row n

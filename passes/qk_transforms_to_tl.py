@@ -4,10 +4,11 @@ A q or k tile is [tokens, head dim] (or its transpose), padded to a power-of-two
 dim with masked loads; the transforms run in fp32. RoPE needs no data movement between
 channels: a rotated tile is x * cos + partner(x) * sign * sin, where partner(x) is a
 second load of the same rows with each channel's pair partner, taken through the same
-transforms. cos and sin are read from host-built [positions, rotary_dim / 2] tables
-(for theta and scaling; `tables` lists them for the launcher), or computed in the kernel
-from an inv_freq operand or, for a rope at explicit positions, from host-built inverse
-frequencies (`freqs`). A Hadamard rotation is a product with its host-built [D, D] matrix
+transforms. cos and sin are read from tables: host-built [positions, rotary_dim / 2] ones for
+a RoPE given by theta and scaling (`tables` lists them for the launcher), and, for a RoPE at
+explicit positions or with an inv_freq operand, ones the launcher computes per call with a small
+kernel (`call_tables`; one row per token of the positions tensor): no kernel computes a sine.
+A Hadamard rotation is a product with its host-built [D, D] matrix
 (`hadamards` lists them), to about fp32's accuracy by two float16 products (`hadamard`).
 """
 
@@ -28,21 +29,6 @@ from attnfuse.rope_freqs import op_inv_freq
 HADAMARD_MAX_D = 128
 """The largest head dim whose Hadamard rotation the kernels apply (H in float16 and a 128-row tile
 split in two float16 parts take 96 KB of shared memory at 128; 256 KB at 256)."""
-TRIG_WARPS = 16
-"""Warps of a streaming kernel (a pre-rotation kernel, the Gluon backward's workspace kernels)
-whose RoPE computes its cos and sin itself (at explicit positions or frequencies): at 4 warps,
-libdevice's sin and cos over 64-128 elements per thread spilled 572-1540 bytes (ptxas, sm_90a),
-and such kernels took 10-16x a copy's time in the Llama-3-8B training step (H200,
-benchmarks/NOTES.md, 2026-12-03, tenth session); at 16 warps they use 105-128 registers."""
-
-
-def computes_trig(ops: Sequence[Operation]) -> bool:
-    """Whether a RoPE (or its derivative) among `ops` computes cos and sin in the kernel rather
-    than reading the launcher's tables: one at explicit positions or with given frequencies."""
-    return any(
-        isinstance(op, attn.RopeOp | attn.RopeGradOp) and (op.positions is not None or op.inv_freq is not None)
-        for op in ops
-    )
 
 
 @dataclass(frozen=True)
@@ -65,6 +51,20 @@ def rope_layout(ops: Sequence[Operation]) -> RopeLayout | None:
     return RopeLayout(ropes[0].style.data.value, ropes[0].rotary_dim.value.data)
 
 
+@dataclass(frozen=True)
+class CallTable:
+    """The cos/sin tables [rows, half] of a RoPE that the launcher computes per call (kernel
+    `rope_tables`): a row per token of `positions` (row b * N + n of a [B, N] tensor) or, without
+    them, per position 0..L-1; the inverse frequencies are the `inv_freq` operand's or else
+    `values` (theta and scaling's), times `magnitude`."""
+
+    positions: SSAValue | None
+    inv_freq: SSAValue | None
+    values: tuple[float, ...]
+    magnitude: float
+    half: int
+
+
 @dataclass
 class QKTransforms:
     """Builds the transforms of q and k tiles for the kernels of one variant."""
@@ -76,7 +76,9 @@ class QKTransforms:
     tables: dict[str, tuple[list[float], float]] = field(default_factory=dict)
     """The cos/sin tables the launcher builds: key -> (inv_freq, magnitude)."""
     freqs: dict[str, list[float]] = field(default_factory=dict)
-    """The inverse-frequency tensors the launcher builds (ropes at explicit positions)."""
+    """The inverse-frequency tensors the launcher builds (what `rope_tables` kernels read)."""
+    call_tables: dict[str, CallTable] = field(default_factory=dict)
+    """The cos/sin tables the launcher computes per call: key -> what they are of."""
     hadamards: dict[str, int] = field(default_factory=dict)
     """The Hadamard matrices the launcher builds: key -> sign seed."""
 
@@ -96,14 +98,23 @@ class QKTransforms:
             p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
         )
 
-    def freq_table(self, p: Params, op: attn.RopeOp | attn.RopeGradOp) -> tuple[SSAValue, float]:
-        """A pointer to the host-built inverse frequencies of a rope given by theta and scaling,
-        and its magnitude factor (for rotations at explicit positions: cos and sin computed in
-        the kernel, as no table length bounds the positions)."""
-        values, magnitude = op_inv_freq(op)
-        key = next((k for k, v in self.freqs.items() if v == values), f"rope_freq_{len(self.freqs)}")
-        self.freqs[key] = values
-        return p.param(key, tl.PointerType(f32), key), magnitude
+    def freq_table(self, p: Params, values: Sequence[float]) -> SSAValue:
+        """A pointer to the host-built float32 tensor of inverse frequencies `values`."""
+        key = next((k for k, v in self.freqs.items() if v == list(values)), f"rope_freq_{len(self.freqs)}")
+        self.freqs[key] = list(values)
+        return p.param(key, tl.PointerType(f32), key)
+
+    def call_table(self, p: Params, op: attn.RopeOp | attn.RopeGradOp) -> tuple[SSAValue, SSAValue]:
+        """Pointers to the per-call cos and sin tables of a rope at explicit positions or with an
+        inv_freq operand (`call_tables`)."""
+        values, magnitude = ([], 1.0) if op.inv_freq is not None else op_inv_freq(op)
+        entry = CallTable(op.positions, op.inv_freq, tuple(values), magnitude, op.rotary_dim.value.data // 2)
+        key = next((k for k, e in self.call_tables.items() if e == entry), f"rope_at_{len(self.call_tables)}")
+        self.call_tables[key] = entry
+        return (
+            p.param(f"{key}_cos", tl.PointerType(f32), f"{key}_cos"),
+            p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
+        )
 
     def hadamard(self, kb: KernelBuilder, p: Params, op: attn.HadamardOp, x: SSAValue, tokens_first: bool) -> SSAValue:
         """x @ M for a [tokens, D] tile (Mᵀ @ x for its transpose), M = diag(signs) H / sqrt(D)
@@ -258,44 +269,32 @@ class QKTransforms:
         tokens_first: bool,
         prefix: str,
         signed_pos: bool,
+        inverse: bool = False,
     ) -> SSAValue:
-        """x * cos + partner(x) * sign * sin, for the channel pairs of `layout`."""
+        """x * cos + partner(x) * sign * sin, for the channel pairs of `layout` (the rotation at
+        -pos when `inverse`). `pos`: the rows' positions, or for a rope at explicit positions
+        their token indices into its per-call tables (`KernelLowering.positions`)."""
         tok_axis, chan_axis = (kb.row, kb.col) if tokens_first else (kb.col, kb.row)
         r, half = layout.rotary_dim, layout.rotary_dim // 2
         interleaved = layout.style == "interleaved"
         pair = kb.floordiv(offs_d, 2) if interleaved else kb.rem(offs_d, half)
         first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
-        sign = kb.where(first, -1.0, 1.0, hint=f"{prefix}_sign")
+        sign = kb.where(first, 1.0 if inverse else -1.0, -1.0 if inverse else 1.0, hint=f"{prefix}_sign")
         rotated = kb.cmp("<", offs_d, r)
-        if not computes_trig([op]):  # cos and sin from the launcher's tables
-            cos_ptr, sin_ptr = self.rope_tables(p, op)
-            tok_sign = None
-            if signed_pos:
-                tok_sign = tok_axis(kb.where(kb.cmp("<", pos, 0), -1.0, 1.0))
-                pos = kb.unary(tl.AbsOp, pos)
-            idx = kb.add(kb.mul(tok_axis(pos), half), chan_axis(pair), hint=f"{prefix}_trig_idx")
-            tmask = chan_axis(rotated)
-            if tok_ok is not None:
-                tmask = kb.and_(tok_axis(tok_ok), tmask)
-            cos = kb.load(kb.add(cos_ptr, idx), tmask, 1.0, hint=f"{prefix}_cos")
-            sin = kb.mul(kb.load(kb.add(sin_ptr, idx), tmask, 0.0), chan_axis(sign), hint=f"{prefix}_sin")
-            if tok_sign is not None:
-                sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
+        if op.positions is not None or op.inv_freq is not None:
+            cos_ptr, sin_ptr = self.call_table(p, op)
         else:
-            magnitude = 1.0
-            if op.inv_freq is not None:
-                freq_t = self.tensor(p, op.inv_freq)
-                freq_ptr, freq_stride = freq_t.ptr, freq_t.strides[0]
-            else:
-                freq_ptr, magnitude = self.freq_table(p, op)
-                freq_stride = 1
-            freq = kb.cast(
-                kb.load(kb.add(freq_ptr, kb.mul(pair, freq_stride)), rotated, 0.0, hint=f"{prefix}_inv_freq"),
-                f32,
-            )
-            angle = kb.mul(tok_axis(kb.cast(pos, f32)), chan_axis(freq), hint=f"{prefix}_angle")
-            cos = kb.unary(tl.CosOp, angle, hint=f"{prefix}_cos")
-            sin = kb.mul(kb.unary(tl.SinOp, angle), chan_axis(sign), hint=f"{prefix}_sin")
-            if magnitude != 1.0:
-                cos, sin = kb.mul(cos, magnitude), kb.mul(sin, magnitude)
+            cos_ptr, sin_ptr = self.rope_tables(p, op)
+        tok_sign = None
+        if signed_pos and op.positions is None:  # a position, negative for queries before key 0
+            tok_sign = tok_axis(kb.where(kb.cmp("<", pos, 0), -1.0, 1.0))
+            pos = kb.unary(tl.AbsOp, pos)
+        idx = kb.add(kb.mul(tok_axis(pos), half), chan_axis(pair), hint=f"{prefix}_trig_idx")
+        tmask = chan_axis(rotated)
+        if tok_ok is not None:
+            tmask = kb.and_(tok_axis(tok_ok), tmask)
+        cos = kb.load(kb.add(cos_ptr, idx), tmask, 1.0, hint=f"{prefix}_cos")
+        sin = kb.mul(kb.load(kb.add(sin_ptr, idx), tmask, 0.0), chan_axis(sign), hint=f"{prefix}_sin")
+        if tok_sign is not None:
+            sin = kb.mul(sin, tok_sign, hint=f"{prefix}_sin")
         return kb.add(kb.mul(x, cos), kb.mul(xp, sin), hint=f"{prefix}_rot")

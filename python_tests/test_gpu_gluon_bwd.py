@@ -196,6 +196,37 @@ def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> No
     _check(ir, args, wrt, out, dout, grads)
 
 
+LLAMA_AT_POSITIONS = """
+func.func @f(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?xi32>) : tensor<?x2x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+"""
+
+
+def test_rope_at_explicit_positions(folder: Path) -> None:
+    """RoPE at explicit positions (q's [B, N], each sequence at its own offset, as transformers'
+    position_ids of a shard; k's [N], reversed): the launcher's per-call cos/sin tables, read
+    by the pre-rotations and by the kernels that finish dQ and dK, against float64 autograd."""
+    n, b = 1024, 2
+    fwd, bwd, wrt = _modules(LLAMA_AT_POSITIONS, folder, n)
+    counting = _Counting(bwd._gluon_backward)
+    bwd._gluon_backward = counting
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(b, h, n, 128, generator=g).to(torch.bfloat16) for h in (8, 2, 2)]
+    qp = torch.arange(n)[None, :] + torch.tensor([[0], [70000]])
+    kp = torch.arange(n - 1, -1, -1, dtype=torch.int32) * 3
+    args = [*xs, qp, kp]
+    out, dout, grads = _run(fwd, bwd, args)
+    assert counting.calls == 1, "the Gluon backward did not run"
+    _check(LLAMA_AT_POSITIONS, args, wrt, out, dout, grads)
+
+
 @pytest.mark.parametrize("name", ["rope-causal-d128-bf16", "qknorm-rope-d64-f16", "gemma2-rope-softcap-window-bf16"])
 def test_dq_by_reduce_adds(name: str, folder: Path) -> None:
     """kernel-path dq-reduce: the dK/dV kernel adds dQ's shares into the workspace itself."""

@@ -52,8 +52,8 @@ def _rope_table(key, inv_freq, length, magnitude, device):
 
 
 def _freq_table(key, inv_freq, device):
-    """RoPE's inverse frequencies as a float32 tensor on device, built once per device (for
-    kernels that compute cos and sin themselves: rotations at explicit positions)."""
+    """RoPE's inverse frequencies as a float32 tensor on device, built once per device (what a
+    per-call table kernel reads: rotations at explicit positions)."""
     t = _TABLES.get((key, device))
     if t is None:
         t = _TABLES[(key, device)] = _kept(lambda: torch.tensor(inv_freq, dtype=torch.float32, device=device), device)
