@@ -15,8 +15,9 @@ launcher that chooses per call between the two.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
-from xdsl.dialects.builtin import f32, i32
+from xdsl.dialects.builtin import TensorType, f32, i32
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -60,7 +61,7 @@ class GluonLaunch:
     rotate_q: KernelCall | None
     min_len: int
     functions: GluonFunctions | None
-    q_rope: tuple[str, str] | None = None
+    q_rope: tuple[str, str, str] | None = None
     q_norm: tuple[str | None, float] | None = None
     """Q's RMSNorm the Gluon kernel applies (its weight's host name or None, eps); None: none."""
 
@@ -103,17 +104,22 @@ class GluonLowering(ForwardLowering):
             full = self.gluon_score_fn("gluon_score", False, params)[0] if masks else masked
         return GluonFunctions(self.gluon_range_fn(), full, masked, natural, params.host[4:])
 
-    def gluon_q_transforms(self) -> tuple[tuple[str, str] | None, tuple[str | None, float] | None] | None:
+    def gluon_q_transforms(self) -> tuple[tuple[str, str, str] | None, tuple[str | None, float] | None] | None:
         """Q's transforms as the Gluon kernel applies them itself (`kernel_path.gluon_rotates_q`):
-        the launcher's cos and sin tables of its RoPE and its RMSNorm's (weight, eps), each None
-        when absent; None when the kernel cannot (Q then goes through rotate_q)."""
+        the launcher's cos and sin tables of its RoPE with their rows per sequence (0: by
+        position) and its RMSNorm's (weight, eps), each None when absent; None when the kernel
+        cannot (Q then goes through rotate_q)."""
         if not gluon_rotates_q(self.chains):
             return None
         rope, norm = None, None
         for op in self.chains.q_chain:
             if isinstance(op, attn.RopeOp):
-                cos, sin = self.qk.rope_tables(Params(), op)
-                rope = (cos.name_hint or "", sin.name_hint or "")
+                per_call = op.positions is not None or op.inv_freq is not None
+                cos, sin = (self.qk.call_table if per_call else self.qk.rope_tables)(Params(), op)
+                rows = "0"
+                if op.positions is not None and len(cast(TensorType, op.positions.type).get_shape()) == 2:
+                    rows = f"{self.host_name(op.positions)}.shape[1]"
+                rope = (cos.name_hint or "", sin.name_hint or "", rows)
             elif isinstance(op, attn.NormOp):
                 weight = self.host_name(op.weight) if op.weight is not None else None
                 norm = (weight, op.eps.value.data)

@@ -170,9 +170,9 @@ def gluon_refusal(
 
 def gluon_rotates_q(v: AttentionChains) -> bool:
     """Whether the Gluon kernel applies Q's transforms itself: an RMSNorm (QK-norm), a RoPE of
-    the `half` style over every channel from the launcher's cos/sin tables (no explicit
-    positions or inv_freq), or the norm then the RoPE. Other Q transforms run in a pre-rotation
-    kernel before it."""
+    the `half` style over every channel (from the launcher's cos/sin tables: by position, or
+    computed per call for explicit positions or an inv_freq tensor), or the norm then the RoPE.
+    Other Q transforms run in a pre-rotation kernel before it."""
     chain = list(v.q_chain)
     if chain and isinstance(chain[0], attn.NormOp):
         chain = chain[1:]
@@ -181,8 +181,7 @@ def gluon_rotates_q(v: AttentionChains) -> bool:
     if len(chain) != 1 or not isinstance(rope := chain[0], attn.RopeOp):
         return False
     d = v.q_type.get_shape()[3]
-    plain = rope.positions is None and rope.inv_freq is None
-    return plain and rope.style.data.value == "half" and rope.rotary_dim.value.data == d
+    return rope.style.data.value == "half" and rope.rotary_dim.value.data == d
 
 
 def computes_tanh(f: object) -> bool:

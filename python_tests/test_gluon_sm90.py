@@ -85,6 +85,7 @@ def test_fp8_kernel_compiles_for_sm90(head_d: int, block: int, monkeypatch) -> N
 _FAMILIES = {
     "rope-causal": ["attn.mask {s} causal"],  # Q's RoPE in the kernel, from the tables
     "rope-qknorm-causal": ["attn.mask {s} causal"],  # and Q's RMSNorm before it
+    "rope-positions-causal": ["attn.mask {s} causal"],  # at position_ids: the per-call tables
     "rope-softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "softcap-window": ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
     "prefix-lm": ["attn.mask {s} prefix_lm(700)"],
@@ -99,7 +100,8 @@ _CASES = [(f, sink) for f in list(_FAMILIES)[:-2] for sink in (False, True)] + [
     ("custom-mask", True),
     ("no-mask", False),
 ]
-_PLAIN = ("rope-causal", "rope-qknorm-causal", "no-mask")  # a causal mask or none: no score functions
+# A causal mask or none: no score functions.
+_PLAIN = ("rope-causal", "rope-qknorm-causal", "rope-positions-causal", "no-mask")
 
 
 @pytest.mark.parametrize("family,sink", _CASES, ids=[f + ("-sink" if sink else "") for f, sink in _CASES])
@@ -121,6 +123,11 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
         extras.append("%sk: tensor<8xf32>")
         softmax = "sink(%sk : tensor<8xf32>)"
     rope = ["attn.rope {x} half theta = 10000.0 rotary_dim = 128"] if family.startswith("rope") else []
+    tables = "rope_0_cos, rope_0_sin, 0"
+    if "positions" in family:
+        rope = [rope[0] + " positions(%qp : tensor<?x?xi64>)"]
+        extras.append("%qp: tensor<?x?xi64>")
+        tables = "rope_at_0_cos, rope_at_0_sin, qp_shape[1]"
     if "qknorm" in family:
         rope = ["attn.norm {x} eps = 1.0e-06", *rope]
     ir = variant(
@@ -129,7 +136,7 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
     source = compile_module(parse_module(ir), sm=90, seq_len=4096).source
     plain = family in _PLAIN
     assert ("hooks=(gluon_kv_range, " in source) is not plain
-    assert "rotate_q" not in source and ("rope=(rope_0_cos, rope_0_sin)" in source) is bool(rope)
+    assert "rotate_q" not in source and (f"rope=({tables})" in source) is bool(rope)
     assert ("q_norm=(None, 1e-06)" in source) is ("qknorm" in family)
     module = load_source(source, tmp_path, interpret=False)
     real, capture = module.attn_fwd_sm90, _Capture()
@@ -142,6 +149,7 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
         "%ids": torch.zeros(2, 256, dtype=torch.int32),
         "%t": torch.zeros(256, dtype=torch.int32),
         "%sk": torch.zeros(8),
+        "%qp": torch.zeros(2, 256, dtype=torch.int64),
     }
     module.launch(q, k, v, *(args[e.split(":")[0]] for e in extras))
     ((launch_args, kwargs),) = capture.calls
@@ -149,7 +157,8 @@ def test_generated_gluon_kernels_compile_for_sm90(family: str, sink: bool, tmp_p
         assert kwargs["RANGE"] is module.gluon_kv_range and kwargs["SCORE_MASKED"] is not None
     assert (launch_args[5] is not None) is sink  # sink_ptr
     assert (launch_args[6] is not None) is bool(rope)  # cos_ptr
-    assert (launch_args[9] is not None) is ("qknorm" in family)  # qn_eps
+    assert launch_args[8] == (256 if "positions" in family else 0)  # rope_rows: the tables' rows per sequence
+    assert (launch_args[10] is not None) is ("qknorm" in family)  # qn_eps
     _check_sm90_binary(compile_for_sm90(real, launch_args, kwargs, num_warps=kwargs["num_warps"]))
 
 
@@ -316,8 +325,10 @@ def _stand_in(calls: list):
             weight, eps = q_norm
             x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
             x = x * weight.double() if weight is not None else x
-        if rope is not None:  # row i at position i, channel c paired with c + D/2
-            cos, sin = (t[: q.shape[2]].double() for t in rope)
+        if rope is not None:  # row n of sequence b reads table row b * rows + n; c paired with c + D/2
+            cos_t, sin_t, rows = rope
+            at = torch.arange(q.shape[0])[:, None] * rows + torch.arange(q.shape[2])[None, :]
+            cos, sin = (t[at][:, None].double() for t in (cos_t, sin_t))
             x1, x2 = x.chunk(2, dim=-1)
             x = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         q = x.to(q.dtype)
@@ -337,8 +348,8 @@ def _stand_in(calls: list):
 @pytest.mark.parametrize("transforms", ["rope", "qknorm_rope", "qknorm_rope_positions", "none"])
 def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, tmp_path) -> None:
     """The sm90 launcher's Gluon branch under the interpreter, with a float64 stand-in for the
-    Gluon kernel: the Q transforms it leaves the kernel (RoPE; RMSNorm with weights then RoPE)
-    or its pre-rotation kernels (RMSNorm, then RoPE at explicit positions) and the scale it
+    Gluon kernel: the Q transforms it leaves the kernel (RoPE; RMSNorm with weights then RoPE,
+    from tables by position or, at explicit positions, the per-call tables) and the scale it
     passes give the reference's output and lse."""
     from kernel_harness import variant
 
@@ -368,15 +379,18 @@ def test_the_gluon_branch_hands_the_kernel_transformed_q_and_k(transforms: str, 
             "extras": ["%wq: tensor<64xf32>", "%wk: tensor<64xf32>", "%pos: tensor<?x?xi64>"],
         }
         extras = [1 + 0.3 * torch.randn(64, generator=g), 1 + 0.3 * torch.randn(64, generator=g)]
-        extras.append(torch.randperm(1000, generator=g)[:n].sort().values[None].long())
+        extras.append(torch.randperm(1000, generator=g)[: 2 * n].sort().values.view(2, n).long())
+        q, k, v = (torch.cat([x, torch.randn(x.shape, generator=g).half()]) for x in (q, k, v))
     ir = variant(dtype=torch.float16, hq=4, hkv=2, d=64, **pieces)
     source = compile_module(
         parse_module(ir), sm=90, seq_len=4096, gluon_head_dims=(64,), gluon_min_len_transformed=2048
     ).source
-    # QK-norm and a plain RoPE are the Gluon kernel's own; RoPE at explicit positions runs in rotate_q.
-    assert ("rotate_q" in source) is (transforms == "qknorm_rope_positions")
-    assert ("rope=(rope_0_cos, rope_0_sin)" in source) is (transforms in ("rope", "qknorm_rope"))
-    assert ("q_norm=(wq, 1e-06)" in source) is (transforms == "qknorm_rope")
+    # QK-norm and RoPE (by position, or at explicit positions from the per-call tables) are the
+    # Gluon kernel's own.
+    assert "rotate_q" not in source
+    assert ("rope=(rope_0_cos, rope_0_sin, 0)" in source) is (transforms in ("rope", "qknorm_rope"))
+    assert ("_sin, pos_shape[1])" in source) is (transforms == "qknorm_rope_positions")
+    assert ("q_norm=(wq, 1e-06)" in source) is transforms.startswith("qknorm_rope")
     module = load_source(source, tmp_path, interpret=True)
     calls: list[float] = []
     module._gluon_attention = _stand_in(calls)

@@ -197,22 +197,23 @@ def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> No
 
 
 LLAMA_AT_POSITIONS = """
-func.func @f(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> tensor<?x8x?x128xbf16> {
-  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
-  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?xi32>) : tensor<?x2x?x128xbf16>
-  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+func.func @f(%q: {q}, %k: {kv}, %v: {kv}, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> {q} {{
+  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : {q}
+  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?xi32>) : {kv}
+  %s = attn.qk %qr, %kr : {q}, {kv} -> !attn.scores<8>
   %m = attn.mask %s causal : !attn.scores<8>
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
-  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
-  func.return %o : tensor<?x8x?x128xbf16>
-}
-"""
+  %o = attn.pv %p, %v : !attn.probs<8>, {kv} -> {q}
+  func.return %o : {q}
+}}
+""".format(q="tensor<?x8x?x128xbf16>", kv="tensor<?x2x?x128xbf16>")
 
 
 def test_rope_at_explicit_positions(folder: Path) -> None:
     """RoPE at explicit positions (q's [B, N], each sequence at its own offset, as transformers'
-    position_ids of a shard; k's [N], reversed): the launcher's per-call cos/sin tables, read
-    by the pre-rotations and by the kernels that finish dQ and dK, against float64 autograd."""
+    position_ids of a shard; k's [N], reversed): the launcher's per-call cos/sin tables, read by
+    the Gluon forward's Q prologue, the pre-rotations and the kernels that finish dQ and dK; the
+    output and the gradients against float64."""
     n, b = 1024, 2
     fwd, bwd, wrt = _modules(LLAMA_AT_POSITIONS, folder, n)
     counting = _Counting(bwd._gluon_backward)
@@ -222,8 +223,14 @@ def test_rope_at_explicit_positions(folder: Path) -> None:
     qp = torch.arange(n)[None, :] + torch.tensor([[0], [70000]])
     kp = torch.arange(n - 1, -1, -1, dtype=torch.int32) * 3
     args = [*xs, qp, kp]
+    fwd_calls = _Counting(fwd._gluon_attention)
+    fwd._gluon_attention = fwd_calls
     out, dout, grads = _run(fwd, bwd, args)
+    assert fwd_calls.calls == 1 and "rotate_q" not in Path(fwd.__file__).read_text(), "Q's RoPE: the Gluon kernel's"
     assert counting.calls == 1, "the Gluon backward did not run"
+    ref = run_reference(LLAMA_AT_POSITIONS, *args, compute_dtype=torch.float64)
+    err = ((out.double().cpu() - ref).abs() - 3e-2 * ref.abs()).max().item()
+    assert err <= 3e-2, f"output: max |out - ref| - tol |ref| = {err:.3e}"
     _check(LLAMA_AT_POSITIONS, args, wrt, out, dout, grads)
 
 

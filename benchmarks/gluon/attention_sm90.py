@@ -57,8 +57,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from attnfuse.targets.triton.gluon_sm90 import _gl_softmax, _gl_tile, attn_fwd_sm90
 
-V4_HOOKS = dict(RANGE=None, SCORE_FULL=None, SCORE_MASKED=None, NATURAL=False)
-"""v4 is the compiler's kernel without the score functions of variants other than causal or none."""
+V4_HOOKS = dict(RANGE=None, SCORE_FULL=None, SCORE_MASKED=None, NATURAL=False, CONSUMERS=2, PINGPONG=True)
+"""v4 is the compiler's kernel without the score functions of variants other than causal or none
+(two consumer warpgroups taking turns, the head-dim-128 schedule)."""
+V4_ABSENT = ("sink_ptr", "cos_ptr", "sin_ptr", "qn_w_ptr", "qn_eps", "fp8_scales")
+"""v4's optional arguments, all None: no sink, RoPE, QK-norm or FP8."""
 
 LOG2E = 1.4426950408889634
 
@@ -478,7 +481,10 @@ def prepare(q, k, v, causal: bool, sm_scale: float, version: str = "v3"):
     grid = (B * Hq, N // ver.block_m)
     hooks = {}
     if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
-        args = (*args[:5], None, None, None, None, None, sm_scale, sm_scale * LOG2E, N, Hq // Hkv, Hq, ())
+        # Its Q descriptor's box is one consumer's 64 rows (the O box).
+        q_desc = desc(q, ver.block_m // ver.consumers, o_layout)
+        args = (q_desc, *args[1:5], None, None, None, 0, None, None, sm_scale, sm_scale * LOG2E, None, N, Hq // Hkv, Hq)
+        args = (*args, ())
         hooks = V4_HOOKS
 
     def launch():
@@ -546,12 +552,13 @@ def compile_one(ver: Version, dtype_name: str, head_d: int, causal: bool):
     }
     constexprs = {("CAUSAL",): causal, ("STAGES",): ver.stages(head_d)}
     if ver.kernel is attn_fwd_sm90:  # the compiler's kernel: no sink or RoPE, both scales, its head count, no hooks
-        absent = ("sink_ptr", "cos_ptr", "sin_ptr", "qn_w_ptr", "qn_eps")
-        sig = dict(list(sig.items())[:5]) | {name: "constexpr" for name in absent}
-        sig |= {"qk_scale": "fp32", "mult": "fp32"}
+        sig = dict(list(sig.items())[:5]) | {"q_desc": sig["o_desc"]}  # Q's box: one consumer's rows
+        sig |= {name: "constexpr" for name in V4_ABSENT[:3]} | {"rope_rows": "i32"}
+        sig |= {name: "constexpr" for name in V4_ABSENT[3:5]} | {"qk_scale": "fp32", "mult": "fp32"}
+        sig |= {"fp8_scales": "constexpr"}
         sig |= {"N": "i32", "GROUP": "i32", "HEADS": "i32", "XARGS": (), "CAUSAL": "constexpr", "STAGES": "constexpr"}
         sig |= {name: "constexpr" for name in V4_HOOKS}
-        constexprs |= {(name,): None for name in absent}
+        constexprs |= {(name,): None for name in V4_ABSENT}
         constexprs |= {(name,): value for name, value in V4_HOOKS.items()}
     names = list(sig)
     src = GluonASTSource(ver.kernel, sig, constexprs={(names.index(k[0]),): v for k, v in constexprs.items()})

@@ -355,10 +355,11 @@ class GluonAttentionOp(_HostOp):
     (the KV blocks a Q tile visits), `score` (unmasked blocks; absent when the ops are masks
     only) and `masked` (masked blocks), which read the host expressions `args`; `natural`:
     they read the scaled scores (else only masks, on the raw scores). `q_norm` (an eps, and
-    `q_norm_weight`) and `rope` (the cos and sin tables): the RMSNorm and RoPE the kernel applies
-    to q itself, in that order (else q holds its transforms). `fp8`: q, k and v are e4m3 (v a
-    transposed view of channel-major storage) with these scales: (q's, k's, v's, q's rows per
-    scale, k's and v's keys per scale; 0: one scale per tensor). Operands are host expressions."""
+    `q_norm_weight`) and `rope` (the cos and sin tables, and their rows per sequence: 0 for tables
+    by position): the RMSNorm and RoPE the kernel applies to q itself, in that order (else q
+    holds its transforms). `fp8`: q, k and v are e4m3 (v a transposed view of channel-major
+    storage) with these scales: (q's, k's, v's, q's rows per scale, k's and v's keys per scale;
+    0: one scale per tensor). Operands are host expressions."""
 
     name = "tl.gluon_attention"
     q = prop_def(StringAttr)
@@ -398,7 +399,7 @@ class GluonAttentionOp(_HostOp):
         hooks: tuple[str, str | None, str] | None = None,
         natural: bool = False,
         args: Sequence[str] = (),
-        rope: tuple[str, str] | None = None,
+        rope: tuple[str, str, str] | None = None,
         q_norm: tuple[str | None, float] | None = None,
         fp8: Sequence[str] | None = None,
     ):
@@ -449,8 +450,10 @@ class GluonAttentionOp(_HostOp):
             raise VerifyException("tl.gluon_attention with score functions takes no `causal`: its mask is theirs")
         if not hooked and (self.natural is not None or self.args is not None):
             raise VerifyException("tl.gluon_attention `natural` and `args` need score functions")
-        if self.rope is not None and len(self.rope.data) != 2:
-            raise VerifyException("tl.gluon_attention `rope` names two tables, cos and sin")
+        if self.rope is not None and len(self.rope.data) != 3:
+            raise VerifyException(
+                "tl.gluon_attention `rope` names three host values: the cos and sin tables and their rows per sequence"
+            )
         if self.q_norm_weight is not None and self.q_norm_eps is None:
             raise VerifyException("tl.gluon_attention `q_norm_weight` needs `q_norm` (its eps)")
         if self.fp8 is not None and len(self.fp8.data) != 5:

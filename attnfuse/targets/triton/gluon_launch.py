@@ -81,8 +81,9 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     Without `hooks`: softmax(q·kᵀ·qk_scale [causal]) v. With them, (RANGE, SCORE_FULL,
     SCORE_MASKED) generated for the variant, which read `xargs` and, when `natural`, the
     scaled scores. sink: None or the [Hq] sink logits. rope: None (q holds its transforms) or
-    the (cos, sin) tables [positions, D/2] of the RoPE the kernel applies to q (half style,
-    every channel); q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
+    the (cos, sin, rows) tables [*, D/2] of the RoPE the kernel applies to q (half style, every
+    channel), read at row b * rows + n for row n of sequence b (rows 0: tables by position);
+    q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
     Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views).
     fp8: None, or q, k and v in e4m3 (v a transposed view of a contiguous [B, Hkv, D, N]) and
     (q_scale, k_scale, v_scale, q_block, kv_block): their scales per block of q_block rows of
@@ -110,7 +111,7 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
 
     group = hq // k.shape[1]
     rng, full, masked = hooks if hooks is not None else (None, None, None)
-    cos, sin = rope if rope is not None else (None, None)
+    cos, sin, rope_rows = rope if rope is not None else (None, None, 0)
     qn_w, qn_eps = q_norm if q_norm is not None else (None, None)
     if qn_w is not None and not qn_w.is_contiguous():
         qn_w = qn_w.contiguous()
@@ -120,12 +121,12 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     grid = (b * hq, -(-n // block_m), 1)  # three entries: a compiled binary's launcher indexes all three
     specs = ((q, d, _GL_BLOCK // 2, d, q_layout), (k, d, kv_rows, d, kv_layout), v_spec,
              (out, d, _GL_BLOCK // 2, d, o_layout))
-    args = (lse, sink, cos, sin, qn_w, qn_eps, qk_scale, mult, fp8_scales, n, group, hq, xargs)
+    args = (lse, sink, cos, sin, rope_rows, qn_w, qn_eps, qk_scale, mult, fp8_scales, n, group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
     key = (q.device.index, q.dtype, d, consumers, pingpong, causal, natural, hooks, group == 1, group % 16 == 0,
            _gl_spec(hq),
            lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
-           rope is None, None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
+           rope is None, _gl_spec(rope_rows), None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
            None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
     entry = _GL_BINARIES.get(key)
     constexprs = (causal, stages, rng, full, masked, natural, consumers, pingpong)

@@ -159,13 +159,14 @@ def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.
 
 
 @gluon.jit
-def _gl_q_prologue(q_tile, rope, q_norm, row0, N):
+def _gl_q_prologue(q_tile, rope, q_norm, row0, N, batch):
     """Q's transforms on a consumer's rows of the Q tile in shared memory, in fp32, rounded
     once to Q's dtype (as the generic kernel's prologue), then fenced for the wgmmas that read
     the tile. q_norm = (weight or None, eps or None): RMSNorm over the head dim (with eps None,
-    none); rope = (cos, sin) or (None, None): RoPE pairing channel c with c + D/2, every channel
-    rotated, from the launcher's [positions, D/2] tables; row r of the tile is at position
-    row0 + r (rows from N on, past a sequence's end, read position N - 1)."""
+    none); rope = (cos, sin, rows) or (None, None, 0): RoPE pairing channel c with c + D/2, every
+    channel rotated, from the launcher's [*, D/2] tables: row r of the tile (of sequence `batch`)
+    reads table row batch * rows + row0 + r (rows from N on, past a sequence's end, read row0 + r
+    = N - 1): rows = 0 for tables by position, N for per-call tables of [B, N] positions."""
     ROWS: gl.constexpr = q_tile.shape[0]
     HALF: gl.constexpr = q_tile.shape[1] // 2
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -182,9 +183,9 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0, N):
         if w_ptr is not None:
             x1 = x1 * gl.load(w_ptr + cols).to(gl.float32)[None, :]
             x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
-    cos_ptr, sin_ptr = rope
+    cos_ptr, sin_ptr, table_rows = rope
     if cos_ptr is not None:
-        rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1)
+        rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
         idx = rows[:, None] * HALF + cols[None, :]
         cos = gl.load(cos_ptr + idx)
         sin = gl.load(sin_ptr + idx)
@@ -349,7 +350,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
 
     mbarrier.wait(q_bar, 0)
     if rope[0] is not None or q_norm[1] is not None:
-        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0, N)
+        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0, N, off_hz // HEADS)
     _gl_ring_wait(k_bars, 0, STAGES)
     _gl_turn_start(turn_bars, 0, WG, PINGPONG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -434,8 +435,8 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES
 
 
 @gluon.jit
-def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, qn_w_ptr, qn_eps, qk_scale,
-                  mult, fp8_scales, N, GROUP, HEADS, XARGS,
+def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, sin_ptr, rope_rows, qn_w_ptr, qn_eps,
+                  qk_scale, mult, fp8_scales, N, GROUP, HEADS, XARGS,
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
                   SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr, CONSUMERS: gl.constexpr,
                   PINGPONG: gl.constexpr):
@@ -449,13 +450,14 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     SCORE_FULL and SCORE_MASKED functions (and their arguments XARGS) bound the KV loop and
     apply the variant's score ops, on the scores times qk_scale when NATURAL (mult = log2 e).
     sink_ptr: None, or the per-head sink logits (HEADS of them). cos_ptr, sin_ptr, qn_w_ptr,
-    qn_eps: None (Q arrives transformed), or Q's RoPE tables and RMSNorm (weight or None, eps)
-    that the consumers apply (`_gl_q_prologue`). fp8_scales: None, or the scales of e4m3 q, k and
+    qn_eps: None (Q arrives transformed), or Q's RoPE tables (rope_rows: their rows per sequence,
+    0 for tables by position) and RMSNorm (weight or None, eps) that the consumers apply
+    (`_gl_q_prologue`). fp8_scales: None, or the scales of e4m3 q, k and
     v (V channel-major, its descriptor's blocks [D, 128]; see `_gl_consumer`); O is written
     through its own shared buffer then, as its dtype is not Q's."""
     descs = (q_desc, k_desc, v_desc, o_desc)
     scales = (qk_scale, mult)
-    rope = (cos_ptr, sin_ptr)
+    rope = (cos_ptr, sin_ptr, rope_rows)
     q_norm = (qn_w_ptr, qn_eps)
     # The Q tile: one box of q_desc's 64 rows per consumer (a 192-row box or buffer is not a
     # power of two), its O box in the same place after the last product.

@@ -258,3 +258,11 @@ tl.launcher "launch"(["q"]) {
   tl.gluon_attention "q", "q", "q" -> "out", "lse" scale 1.000000e+00 causal fp8 ["s", "s"]
 }
 // CHECK: tl.gluon_attention `fp8` names five host values: q's, k's and v's scales, q's and k's rows per scale
+
+// -----
+
+// Q's RoPE in the Gluon kernel: its cos and sin tables and their rows per sequence.
+tl.launcher "launch"(["q"]) {
+  tl.gluon_attention "q", "q", "q" -> "out", "lse" scale 1.000000e+00 causal rope ["cos", "sin"]
+}
+// CHECK: tl.gluon_attention `rope` names three host values: the cos and sin tables and their rows per sequence

@@ -12,7 +12,7 @@
 // CHECK:       tl.launcher "launch"(["q", "k", "v"]) {
 // CHECK:         tl.call "rotate_k"
 // CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 512)" {
-// CHECK-NEXT:      tl.gluon_attention "q", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal rope ["rope_0_cos", "rope_0_sin"]
+// CHECK-NEXT:      tl.gluon_attention "q", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal rope ["rope_0_cos", "rope_0_sin", "0"]
 // CHECK-NEXT:    } else {
 // CHECK-NEXT:      tl.call "attn_fwd"
 // CHECK-NEXT:    }
@@ -22,6 +22,30 @@
 func.func @rope(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>) -> tensor<?x8x?x128xbf16> {
   %qr = attn.rope %q half theta = 10000.0 rotary_dim = 128 : tensor<?x8x?x128xbf16>
   %kr = attn.rope %k half theta = 10000.0 rotary_dim = 128 : tensor<?x2x?x128xbf16>
+  %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
+  %m = attn.mask %s causal : !attn.scores<8>
+  %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
+  %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
+  func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// RoPE at explicit positions (transformers' position_ids, [B, N]): the launcher computes the
+// cos/sin tables per call, before either kernel; the Gluon kernel rotates Q itself from them,
+// reading row b * N + n for row n of sequence b.
+// CHECK:       tl.kernel @rope_at_1_tables(
+// CHECK-NOT:   tl.kernel @rotate_q(
+// CHECK:       tl.kernel @attn_fwd(
+// CHECK:       tl.launcher "launch"(["q", "k", "v", "qp", "kp"]) {
+// CHECK:         tl.call "rope_at_0_tables" grid ["_cdiv(kp.numel(), 32)"]
+// CHECK:         tl.call "rope_at_1_tables" grid ["_cdiv(qp.numel(), 32)"]
+// CHECK-NEXT:    tl.call "rotate_k"
+// CHECK-NEXT:    tl.host_if "_gluon_fits(q, k, v, 512)" {
+// CHECK-NEXT:      tl.gluon_attention "q", "k_rot", "v" -> "out", "lse" scale 0.088388347648318433 causal rope ["rope_at_1_cos", "rope_at_1_sin", "qp.shape[1]"]
+func.func @rope_at_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?x?xi64>) -> tensor<?x8x?x128xbf16> {
+  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
+  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?x?xi64>) : tensor<?x2x?x128xbf16>
   %s = attn.qk %qr, %kr : tensor<?x8x?x128xbf16>, tensor<?x2x?x128xbf16> -> !attn.scores<8>
   %m = attn.mask %s causal : !attn.scores<8>
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>

@@ -53,12 +53,12 @@
 // ALL:        def launch(
 // PRE:        _launch(rotate_k, (
 // GLUON:      if _gluon_fits(q, k, v, {{[0-9]+}}):
-// LLAMA-NEXT:     _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin))
-// QWEN-NEXT:      _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin), q_norm=(q_norm_weight, 1e-06))
-// HCAP:           _gluon_attention(q, k_rot, v, out, lse, 0.0625, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), natural=True, rope=(rope_0_cos, rope_0_sin))
+// LLAMA-NEXT:     _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin, 0))
+// QWEN-NEXT:      _gluon_attention(q, k_rot, v, out, lse, 0.08838834764831843, causal=True, rope=(rope_0_cos, rope_0_sin, 0), q_norm=(q_norm_weight, 1e-06))
+// HCAP:           _gluon_attention(q, k_rot, v, out, lse, 0.0625, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), natural=True, rope=(rope_0_cos, rope_0_sin, 0))
 // HALIBI:         _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, gluon_score, gluon_score_masked), xargs=(slopes, slopes.stride(0),), natural=True)
 // HDOC:           _gluon_attention(q, k, v, out, lse, {{.*}}, causal=False, hooks=(gluon_kv_range, None, gluon_score_masked), xargs=(doc_ids, *doc_ids.stride()[:2],))
-// GPTOSS:         _gluon_attention(q, k_rot, v, out, lse, 0.125, causal=False, sink=sinks, hooks=(gluon_kv_range, None, gluon_score_masked), rope=(rope_0_cos, rope_0_sin))
+// GPTOSS:         _gluon_attention(q, k_rot, v, out, lse, 0.125, causal=False, sink=sinks, hooks=(gluon_kv_range, None, gluon_score_masked), rope=(rope_0_cos, rope_0_sin, 0))
 // GLUON-NEXT: else:
 // ALL:        _launch(attn_fwd, (
 // ALL:        return out, lse

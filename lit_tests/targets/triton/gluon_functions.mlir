@@ -16,7 +16,7 @@ tl.device_fn @kv_range(%lo: i32, %hi: i32, %n: i32) {
 tl.launcher "launch"(["q", "k", "v", "w", "sk", "cos", "sin"]) {
   tl.alloc "out" shape ["q.shape[0]"] dtype "torch.bfloat16" device "q.device"
   tl.alloc "lse" shape ["q.shape[0]"] dtype "torch.float32" device "q.device"
-  tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 1.250000e-01 sink "sk" range @kv_range masked @score natural args ["w", "w.stride(0)"] rope ["cos", "sin"] q_norm 1.000000e-06 q_norm_weight "w"
+  tl.gluon_attention "q", "k", "v" -> "out", "lse" scale 1.250000e-01 sink "sk" range @kv_range masked @score natural args ["w", "w.stride(0)"] rope ["cos", "sin", "p.shape[1]"] q_norm 1.000000e-06 q_norm_weight "w"
   tl.host_return ["out", "lse"]
 }
 // CHECK:       def score(s, qi, ki, off, w, sw):
@@ -27,4 +27,4 @@ tl.launcher "launch"(["q", "k", "v", "w", "sk", "cos", "sin"]) {
 // CHECK-NEXT:  def kv_range(lo, hi, n):
 // CHECK-NEXT:      return 0, 0, lo, hi
 // CHECK:       def launch(q, k, v, w, sk, cos, sin):
-// CHECK:           _gluon_attention(q, k, v, out, lse, 0.125, causal=False, sink=sk, hooks=(kv_range, None, score), xargs=(w, w.stride(0),), natural=True, rope=(cos, sin), q_norm=(w, 1e-06))
+// CHECK:           _gluon_attention(q, k, v, out, lse, 0.125, causal=False, sink=sk, hooks=(kv_range, None, score), xargs=(w, w.stride(0),), natural=True, rope=(cos, sin, p.shape[1]), q_norm=(w, 1e-06))
