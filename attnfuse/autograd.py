@@ -500,8 +500,17 @@ def attention_backward(
     dout: Tensor,
 ) -> list[Tensor]:
     """The gradients of the arguments `wrt` (indices: 0, 1, 2 for q, k, v, 3... for the
-    extra tensors), one per index, in that order."""
-    return _target(key).backward(wrt, q, k, v, extras, out, lse, dout)
+    extra tensors), one per index, in that order; q's, k's and v's laid out in their input's
+    order, as the fake says (as SDPA's: a transposed view's gradient is then a view of a
+    contiguous tensor; a target's gradient in another layout is copied into that one)."""
+    inputs = (q, k, v)
+    grads = _target(key).backward(wrt, q, k, v, extras, out, lse, dout)
+    for j, (i, g) in enumerate(zip(wrt, grads, strict=True)):
+        if i < 3 and _heads_inner(inputs[i]) and not g.transpose(1, 2).is_contiguous():
+            grads[j] = _empty_ordered(inputs[i], g.shape, g.dtype, g.device).copy_(g)
+        elif i < 3 and not _heads_inner(inputs[i]) and not g.is_contiguous():
+            grads[j] = g.contiguous()
+    return grads
 
 
 @attention_backward.register_fake
@@ -517,7 +526,10 @@ def _attention_backward_fake(
     dout: Tensor,
 ) -> list[Tensor]:
     inputs = (q, k, v, *extras)
-    return [inputs[i].new_empty(inputs[i].shape) for i in wrt]
+    return [
+        _empty_ordered(x, x.shape, x.dtype, x.device) if i < 3 else x.new_empty(x.shape)
+        for i, x in ((i, inputs[i]) for i in wrt)
+    ]
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:

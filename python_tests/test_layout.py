@@ -131,3 +131,32 @@ def test_the_output_is_laid_out_in_the_order_of_the_queries(backend):
         assert eager.transpose(1, 2).is_contiguous() and caller.is_contiguous()
     for out in (eager, real, caller.transpose(1, 2)):
         torch.testing.assert_close(out, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "interpret"])
+def test_the_gradients_are_laid_out_in_the_order_of_their_inputs(backend):
+    """As SDPA lays out its gradients: for q, k and v seen through transpose(1, 2) of [B, N, H, D]
+    tensors, each gradient's transpose back is contiguous (the layers before take it without a
+    copy); for contiguous inputs they are contiguous. The values equal those of contiguous
+    inputs, and the backward custom op's fake gradients have the real ones' strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attnfuse import autograd
+
+    q, k, v = (x.detach() for x in bnhd())
+    views = [x.transpose(1, 2) for x in (q, k, v)]
+    dense = [x.contiguous() for x in views]
+    with af.backend(backend):
+        key = autograd._site_key(rope_window._handle, ((False, 5),))
+        out, lse = torch.ops.attnfuse.attention.default(key, *views, [])
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        real = torch.ops.attnfuse.attention_backward.default(key, [0, 1, 2], *views, [], out, lse, dout)
+        want = torch.ops.attnfuse.attention_backward.default(key, [0, 1, 2], *dense, [], out.contiguous(), lse, dout)
+        mode = FakeTensorMode()
+        with mode:
+            fakes = [mode.from_tensor(x) for x in (*views, out, lse, dout)]
+            fake = torch.ops.attnfuse.attention_backward.default(key, [0, 1, 2], *fakes[:3], [], *fakes[3:])
+    for g, f, w in zip(real, fake, want, strict=True):
+        assert g.transpose(1, 2).is_contiguous() and w.is_contiguous()
+        assert f.shape == g.shape and f.stride() == g.stride()
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

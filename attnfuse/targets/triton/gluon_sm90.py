@@ -159,15 +159,40 @@ def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.
 
 
 @gluon.jit
-def _gl_q_prologue(q_tile, rope, q_norm, row0, N, batch):
+def _gl_q_tables(rope, ROWS: gl.constexpr, HALF: gl.constexpr, row0, N, batch):
+    """RoPE's cos and sin for a consumer's rows of the Q tile ([ROWS, HALF] each, fp32), loaded
+    before Q arrives so that their latency hides under Q's TMA load. rope = (cos, sin, rows):
+    the launcher's [*, D/2] tables, row r of the tile (of sequence `batch`) at table row
+    batch * rows + row0 + r (rows from N on, past a sequence's end, read row0 + r = N - 1):
+    rows = 0 for tables by position, N for per-call tables of [B, N] positions."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    cos_ptr, sin_ptr, table_rows = rope
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
+    idx = rows[:, None] * HALF + cols[None, :]
+    return gl.load(cos_ptr + idx), gl.load(sin_ptr + idx)
+
+
+@gluon.jit
+def _gl_q_ready(q_tile, q_bar, rope, q_norm, row0, N, batch):
+    """Wait for a consumer's rows of the Q tile, then apply Q's transforms to them, if any
+    (`_gl_q_prologue`; RoPE's tables read before the wait, `_gl_q_tables`)."""
+    ROWS: gl.constexpr = q_tile.shape[0]
+    trig = (None, None)
+    if rope[0] is not None:
+        trig = _gl_q_tables(rope, ROWS, q_tile.shape[1] // 2, row0, N, batch)
+    mbarrier.wait(q_bar, 0)
+    if rope[0] is not None or q_norm[1] is not None:
+        _gl_q_prologue(q_tile, trig, q_norm)
+
+
+@gluon.jit
+def _gl_q_prologue(q_tile, trig, q_norm):
     """Q's transforms on a consumer's rows of the Q tile in shared memory, in fp32, rounded
     once to Q's dtype (as the generic kernel's prologue), then fenced for the wgmmas that read
     the tile. q_norm = (weight or None, eps or None): RMSNorm over the head dim (with eps None,
-    none); rope = (cos, sin, rows) or (None, None, 0): RoPE pairing channel c with c + D/2, every
-    channel rotated, from the launcher's [*, D/2] tables: row r of the tile (of sequence `batch`)
-    reads table row batch * rows + row0 + r (rows from N on, past a sequence's end, read row0 + r
-    = N - 1): rows = 0 for tables by position, N for per-call tables of [B, N] positions."""
-    ROWS: gl.constexpr = q_tile.shape[0]
+    none); trig = (cos, sin) of `_gl_q_tables` or (None, None): RoPE pairing channel c with
+    c + D/2, every channel rotated."""
     HALF: gl.constexpr = q_tile.shape[1] // 2
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     lo = q_tile.slice(0, HALF, dim=1)
@@ -183,12 +208,8 @@ def _gl_q_prologue(q_tile, rope, q_norm, row0, N, batch):
         if w_ptr is not None:
             x1 = x1 * gl.load(w_ptr + cols).to(gl.float32)[None, :]
             x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
-    cos_ptr, sin_ptr, table_rows = rope
-    if cos_ptr is not None:
-        rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
-        idx = rows[:, None] * HALF + cols[None, :]
-        cos = gl.load(cos_ptr + idx)
-        sin = gl.load(sin_ptr + idx)
+    cos, sin = trig
+    if cos is not None:
         x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
     lo.store(x1.to(q_tile.dtype))
     hi.store(x2.to(q_tile.dtype))
@@ -348,9 +369,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(q_bar, 0)
-    if rope[0] is not None or q_norm[1] is not None:
-        _gl_q_prologue(q_tile, rope, q_norm, pid_m * BLOCK_M + ROW0, N, off_hz // HEADS)
+    _gl_q_ready(q_tile, q_bar, rope, q_norm, pid_m * BLOCK_M + ROW0, N, off_hz // HEADS)
     _gl_ring_wait(k_bars, 0, STAGES)
     _gl_turn_start(turn_bars, 0, WG, PINGPONG)
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
