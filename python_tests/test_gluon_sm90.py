@@ -214,27 +214,51 @@ def test_gluon_fits(nq: int, nk: int, offset: int, min_len: int, fits: bool) -> 
     assert gluon_launch._gluon_fits(*_qkv(nq, nk, offset), min_len) is fits
 
 
-def test_an_output_in_the_queries_order_is_written_through_a_contiguous_buffer(monkeypatch) -> None:
-    """The kernel stores O by TMA as rows of a contiguous [B*H*N, D]; an output laid out in the
-    order of a Hugging Face q (`_empty_ordered`) gets what it wrote, copied."""
-
-    class Kernel:  # writes 0, 1, 2, ... into the O buffer it is given
+def _writing_kernel(seen: list):
+    class Kernel:  # writes 0, 1, 2, ... into the O descriptor's 2-D view
         def __getitem__(self, grid):
             def run(q_desc, k_desc, v_desc, o_desc, *args, **kwargs):
-                seen.append(o_desc.base)
+                seen.append(((q_desc.base, k_desc.base, v_desc.base, o_desc.base), kwargs["INNER"]))
                 o_desc.base.copy_(torch.arange(o_desc.base.numel()).view(o_desc.base.shape))
 
             return run
 
-    seen: list[torch.Tensor] = []
-    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", Kernel())
+    return Kernel()
+
+
+def test_the_hugging_face_layout_is_read_and_written_in_place(monkeypatch) -> None:
+    """q, k and v as transformers hands them over (transpose(1, 2) of [B, N, H, D] tensors) and an
+    output laid out in q's order (`_empty_ordered`): the descriptors view each as [B * N, H * D]
+    in place (no copy) and the kernel is told so (`INNER`); row n of head h is row n, columns
+    h * D.. of that view."""
+    seen: list = []
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", _writing_kernel(seen))
     monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
     q, k, v = (torch.zeros(1, 256, h, 64, dtype=torch.float16).transpose(1, 2) for h in (4, 2, 2))
     out = prelude._empty_ordered(q, (1, 4, 256, 64), torch.float16, q.device)
     assert not out.is_contiguous() and out.transpose(1, 2).is_contiguous()
     gluon_launch._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True)
-    ((buffer,),) = [seen]
-    assert buffer.is_contiguous() and buffer.data_ptr() != out.data_ptr()
+    ((bases, inner),) = seen
+    assert inner == (True, True, True, True)
+    for base, x in zip(bases, (q, k, v, out), strict=True):
+        assert base.data_ptr() == x.data_ptr() and base.shape == (256, x.shape[1] * 64)
+    want = torch.arange(256 * 256).view(1, 256, 4, 64).transpose(1, 2).to(torch.float16)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_an_output_in_another_layout_is_written_through_a_contiguous_buffer(monkeypatch) -> None:
+    """An output neither contiguous nor in the Hugging Face order gets what the kernel wrote into a
+    contiguous [B * H * N, D] buffer, copied; a k in no such order is copied before."""
+    seen: list = []
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", _writing_kernel(seen))
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
+    q, v = (torch.zeros(1, h, 256, 64, dtype=torch.float16) for h in (4, 2))
+    k = torch.zeros(1, 2, 64, 256, dtype=torch.float16).transpose(2, 3)
+    out = torch.empty(1, 4, 64, 256, dtype=torch.float16).transpose(2, 3)
+    gluon_launch._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True)
+    (((_, k_base, _, buffer), inner),) = seen
+    assert inner == (False, False, False, False)
+    assert buffer.is_contiguous() and buffer.data_ptr() != out.data_ptr() and k_base.data_ptr() != k.data_ptr()
     want = torch.arange(4 * 256 * 64).view(1, 4, 256, 64).to(torch.float16)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 

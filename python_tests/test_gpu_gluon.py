@@ -352,13 +352,42 @@ def test_misaligned_and_non_contiguous_inputs(folder: Path) -> None:
     assert not hf[0].is_contiguous()
     _check(kern, ir, args, hf, "non-contiguous q, k, v")
     assert calls == [1]
-    # The output in q's layout (as SDPA's), written through a contiguous buffer by the kernel.
+    # The output in q's layout (as SDPA's), written in place by the kernel (`_gl_inner`).
     assert kern.launch(*hf)[0].transpose(1, 2).is_contiguous() and calls == [1, 1]
     # One element of offset: q's data 2 bytes off a 16-byte boundary (TMA needs 16).
     flat = torch.empty(args[0].numel() + 1, dtype=dtype, device="cuda")
     q = flat[1:].view(args[0].shape).copy_(args[0])
     _check(kern, ir, args, [q, args[1].cuda(), args[2].cuda()], "misaligned q")
     assert calls == [1, 1], "a misaligned q went to the Gluon kernel"
+
+
+@pytest.mark.parametrize(
+    "name,n",
+    [
+        ("rope-causal-d128-bf16", 1024),
+        ("full-d64-f16", 2176),
+        ("qknorm-rope-d64-f16", 2176),
+        ("rope-causal-d256-bf16", 1024),
+    ],
+)
+def test_the_hugging_face_layout_in_place(name: str, n: int, folder: Path) -> None:
+    """q, k, v and the output as transformers lays them out, [B, N, H, D] tensors seen through
+    transpose(1, 2), for two sequences: the Gluon kernel reads and writes them in place through
+    [B * N, H * D] views (row n of head h: row b * N + n, columns h * D..). At head dim 64 past
+    N = 2048 the last 192-row tile's rows past N are the next sequence's rows in that view: read,
+    never written (nor their lse)."""
+    b, *rest = CASES[name]
+    case = (2, *rest)
+    _, hq, hkv, d, dtype, pieces, _ = case
+    ir = _ir(hq, hkv, d, dtype, pieces)
+    kern, calls = _module(ir, folder, n, min_len=512)
+    args = _inputs(case, n, n)
+    hf = [a.transpose(1, 2).contiguous().cuda().transpose(1, 2) for a in args[:3]] + [a.cuda() for a in args[3:]]
+    assert all(kern._gl_inner(x) for x in hf[:3])
+    _check(kern, ir, args, hf, f"{name} in the Hugging Face layout at N = {n}")
+    assert calls == [1], f"{name}: the Gluon kernel did not run"
+    out = kern.launch(*hf)[0]
+    assert out.transpose(1, 2).is_contiguous()
 
 
 @af.variant

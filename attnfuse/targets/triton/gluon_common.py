@@ -94,12 +94,26 @@ def _gl_ring_wait_free(empty_bars, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _gl_ring_load(desc, row, ready_bars, smem, i, STAGES: gl.constexpr):
-    """Producer: TMA-load the block of `desc` at `row` into the slot of ring position i; its
-    ready barrier completes when the bytes have landed."""
+def _gl_ring_load(desc, row, ready_bars, smem, i, STAGES: gl.constexpr, col=0):
+    """Producer: TMA-load the block of `desc` at (`row`, `col`) into the slot of ring position
+    i; its ready barrier completes when the bytes have landed."""
     slot = i % STAGES
     mbarrier.expect(ready_bars.index(slot), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [row, 0], ready_bars.index(slot), smem.index(slot))
+    tma.async_copy_global_to_shared(desc, [row, col], ready_bars.index(slot), smem.index(slot))
+
+
+@gluon.jit
+def _gl_at(INNER: gl.constexpr, bh, heads, N, n, HEAD_D: gl.constexpr):
+    """(row, column) of row n of head bh (= batch * heads + head) of a [B, heads, N, D] tensor in
+    its descriptor's 2-D view: [B * heads * N, D] rows when contiguous, or, for a tensor whose
+    heads are inner to its sequence (INNER: a [B, N, heads, D] tensor seen through
+    transpose(1, 2), as transformers hands q, k and v over), [B * N, heads * D]."""
+    row = bh * N + n
+    col = 0
+    if INNER:
+        row = (bh // heads) * N + n
+        col = (bh % heads) * HEAD_D
+    return row, col
 
 
 @gluon.jit

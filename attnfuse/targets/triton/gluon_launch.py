@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_LOG2E, _gl_consumers, _gl_kv_rows, attn_fwd_sm90
-from attnfuse.targets.triton.prelude import _c_options, _driver, _hooked
+from attnfuse.targets.triton.prelude import _c_options, _driver, _heads_inner, _hooked
 
 # fmt: off
 _GL_BINARIES = {}
@@ -64,10 +64,10 @@ def _gl_spec(x):
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
                      rope=None, q_norm=None, fp8=None):
-    """`_gluon_kernel` into `out`; one that is not contiguous (laid out in q's order by
-    `_empty_ordered`: the kernel stores O by TMA as rows of a contiguous [B*Hq*N, D]) is
+    """`_gluon_kernel` into `out`; one neither contiguous nor with its heads inner to its
+    sequence (`_gl_inner`: the kernel stores O by TMA as rows of one of those two 2-D views) is
     written through a contiguous buffer and copied."""
-    if out.is_contiguous():
+    if out.is_contiguous() or _gl_inner(out):
         return _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink, hooks, xargs, natural, rope, q_norm, fp8)
     out.copy_(_gluon_kernel(q, k, v, torch.empty(out.shape, dtype=out.dtype, device=out.device), lse, qk_scale,
                             causal, sink, hooks, xargs, natural, rope, q_norm, fp8))
@@ -84,13 +84,17 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     the (cos, sin, rows) tables [*, D/2] of the RoPE the kernel applies to q (half style, every
     channel), read at row b * rows + n for row n of sequence b (rows 0: tables by position);
     q_norm: None or the (weight or None, eps) of an RMSNorm of q before it.
-    Non-contiguous q, k or v are copied first (TMA reads them as [rows, D] views).
+    q, k, v and out are read (written) in place when contiguous or, as transformers hands them
+    over, with their heads inner to their sequence (`_gl_inner`); others are copied first (TMA
+    reads them as 2-D views).
     fp8: None, or q, k and v in e4m3 (v a transposed view of a contiguous [B, Hkv, D, N]) and
     (q_scale, k_scale, v_scale, q_block, kv_block): their scales per block of q_block rows of
     q (a multiple of 64) and of kv_block keys (a multiple of 128), or one per tensor (0)."""
     b, hq, n, d = q.shape
+    inner = (False, False, False, False)
     if fp8 is None:
-        q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
+        q, k, v = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v))
+        inner = tuple(_gl_inner(x) for x in (q, k, v, out))
         consumers, pingpong = _gl_consumers(d, n)
     else:
         consumers, pingpong = 2, True
@@ -100,7 +104,7 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     fp8_scales = None
     kv_rows, stages = _gl_kv_rows(d)
     # Each descriptor as (tensor, its 2-D view's width, box rows, box columns, layout).
-    v_spec = (v, d, kv_rows, d, kv_layout)
+    v_spec = _gl_view(v, inner[2], kv_rows, kv_layout)
     if fp8 is not None:
         q_scale, k_scale, v_scale, q_block, kv_block = fp8
         # v's contiguous [B * Hkv * D, N] storage (v is its transposed view), in [D, 128] boxes.
@@ -119,23 +123,23 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
         sink = sink.contiguous()
     mult = _GL_LOG2E if natural else qk_scale * _GL_LOG2E
     grid = (b * hq, -(-n // block_m), 1)  # three entries: a compiled binary's launcher indexes all three
-    specs = ((q, d, _GL_BLOCK // 2, d, q_layout), (k, d, kv_rows, d, kv_layout), v_spec,
-             (out, d, _GL_BLOCK // 2, d, o_layout))
+    specs = (_gl_view(q, inner[0], _GL_BLOCK // 2, q_layout), _gl_view(k, inner[1], kv_rows, kv_layout), v_spec,
+             _gl_view(out, inner[3], _GL_BLOCK // 2, o_layout))
     args = (lse, sink, cos, sin, rope_rows, qn_w, qn_eps, qk_scale, mult, fp8_scales, n, group, hq, xargs)
     # What Triton specialises the binary on (N is a multiple of 128, so always divisible by 16).
     key = (q.device.index, q.dtype, d, consumers, pingpong, causal, natural, hooks, group == 1, group % 16 == 0,
            _gl_spec(hq),
            lse.data_ptr() % 16 == 0, None if sink is None else _gl_spec(sink), tuple(_gl_spec(x) for x in xargs),
            rope is None, _gl_spec(rope_rows), None if qn_w is None else _gl_spec(qn_w), qn_eps is None, out.dtype,
-           None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales))
+           None if fp8_scales is None else tuple(_gl_spec(x) for x in fp8_scales), inner)
     entry = _GL_BINARIES.get(key)
-    constexprs = (causal, stages, rng, full, masked, natural, consumers, pingpong)
+    constexprs = (causal, stages, rng, full, masked, natural, consumers, pingpong, inner)
     if entry is None or entry[1] is None or _hooked():
         descs = [_gl_desc(*spec) for spec in specs]
         if entry is None:  # Triton's launch path: compiles or loads the binary
             binary = attn_fwd_sm90[grid](*descs, *args, CAUSAL=causal, STAGES=stages, RANGE=rng, SCORE_FULL=full,
                                          SCORE_MASKED=masked, NATURAL=natural, CONSUMERS=consumers,
-                                         PINGPONG=pingpong, num_warps=4)
+                                         PINGPONG=pingpong, INNER=inner, num_warps=4)
             _GL_BINARIES[key] = (binary, _gl_runner(binary))
         else:  # the binary through Triton's launcher object
             entry[0][grid](*descs, *args, *constexprs)
@@ -146,6 +150,22 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     launch(*grid, get_stream(get_device()), binary.function, *options, binary.packed_metadata, None, None, None,
            *tma, *args, *constexprs)
     return out
+
+
+def _gl_inner(x):
+    """Whether the Gluon kernel reads (writes) the [B, H, N, D] tensor x in place as a
+    [B * N, H * D] view: x is a contiguous [B, N, H, D] tensor seen through transpose(1, 2), as
+    transformers hands q, k and v over and as `_empty_ordered` lays out an output for such a q."""
+    return _heads_inner(x) and x.transpose(1, 2).is_contiguous() and x.data_ptr() % 16 == 0
+
+
+def _gl_view(x, inner, rows, layout):
+    """x's descriptor spec (tensor, 2-D view width, box rows, box columns, layout): rows of D
+    channels of [B * H * N, D], or of [B * N, H * D] when its heads are `inner`."""
+    d = x.shape[3]
+    if inner:
+        return x.transpose(1, 2), x.shape[1] * d, rows, d, layout
+    return x, d, rows, d, layout
 
 
 def _gl_desc(t, width, rows, cols, layout):

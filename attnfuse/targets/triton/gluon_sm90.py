@@ -53,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from attnfuse.targets.triton.gluon_common import (
+    _gl_at,
     _gl_barriers,
     _gl_block_classes,
     _gl_ring_alloc,
@@ -334,7 +335,7 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
 def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS, XARGS,
                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr,
                  SCORE_FULL: gl.constexpr, SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr,
-                 PINGPONG: gl.constexpr):
+                 PINGPONG: gl.constexpr, INNER: gl.constexpr):
     """The 64 rows of the Q tile that consumer WG owns: its first KV block (masked), the
     masked blocks before the unmasked ones (RANGE hooks only), the unmasked blocks, the
     masked blocks after them, the last P·V, the epilogue (the sink's logit; O = acc / l
@@ -416,15 +417,16 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
         o_tile = o_smem.index(WG)
         o_tile.store(_gl_normalised(acc, l_o, unit, FP8).to(o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row0 + ROW0, 0], o_tile)
+        o_row, o_col = _gl_at(INNER[3], off_hz, HEADS, N, pid_m * BLOCK_M + ROW0, HEAD_D)
+        tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_tile)
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         gl.store(lse_ptr + off_hz * N + pid_m * BLOCK_M + ROW0 + rows, lse)
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 RANGE: gl.constexpr):
+def _gl_producer(descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                 RANGE: gl.constexpr, INNER: gl.constexpr):
     """The load partition: Q once, then K/V block j into ring slot (j - j0) % STAGES once both
     consumers released the block that used the slot before (the first STAGES waits pass at
     once). FP8 (`fp8_scales` not None): V's blocks are channel-major, [D, BLOCK_N]."""
@@ -438,19 +440,20 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, CAUSAL: gl.constexpr, STAGES
     off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes * Q_BOXES)
     for r in gl.static_range(Q_BOXES):  # a box wholly past the tensor's end lands as zeros
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + r * q_desc.block_type.shape[0], 0], q_bar,
-                                        q_smem.index(r))
+        q_row, q_col = _gl_at(INNER[0], off_hz, HEADS, N, pid_m * BLOCK_M + r * q_desc.block_type.shape[0], HEAD_D)
+        tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(r))
     for i in range(j_end - j0):
         _gl_ring_wait_free(empty_bars, i, STAGES)
-        row = kv_row0 + (j0 + i) * BLOCK_N
-        _gl_ring_load(k_desc, row, k_bars, k_smem, i, STAGES)
+        k_row, k_col = _gl_at(INNER[1], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
+        _gl_ring_load(k_desc, k_row, k_bars, k_smem, i, STAGES, k_col)
         if V_T:  # channel-major V (FP8): block [D, BLOCK_N] at the head's channels and the block's keys
             slot = i % STAGES
             mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [(kv_row0 // N) * HEAD_D, (j0 + i) * BLOCK_N],
                                             v_bars.index(slot), v_smem.index(slot))
         else:
-            _gl_ring_load(v_desc, row, v_bars, v_smem, i, STAGES)
+            v_row, v_col = _gl_at(INNER[2], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
+            _gl_ring_load(v_desc, v_row, v_bars, v_smem, i, STAGES, v_col)
 
 
 @gluon.jit
@@ -458,11 +461,13 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
                   qk_scale, mult, fp8_scales, N, GROUP, HEADS, XARGS,
                   CAUSAL: gl.constexpr, STAGES: gl.constexpr, RANGE: gl.constexpr, SCORE_FULL: gl.constexpr,
                   SCORE_MASKED: gl.constexpr, NATURAL: gl.constexpr, CONSUMERS: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+                  PINGPONG: gl.constexpr, INNER: gl.constexpr = (False, False, False, False)):
     """out, lse of one Q tile of 64·CONSUMERS rows: a TMA producer warp and CONSUMERS (1, 2 or 3)
     consumer warpgroups of 64 rows, taking turns (PINGPONG) or not, sharing a STAGES-deep K/V
     ring (see the module docstring). num_warps=4. The Q descriptor's blocks are the tile; a
     last tile may end past N (3 consumers), its rows from N on computed but not written.
+    INNER: whether q, k, v and out (in that order) have their heads inner to their sequence
+    (their descriptors then view [B * N, H * D], `_gl_at`), else they are contiguous.
 
     Scores·mult are the softmax's base-2 logits. Without hooks (RANGE None) the mask is
     causal (CAUSAL) or none and mult = scale·log2 e. With them, the generated RANGE,
@@ -506,12 +511,15 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
         gl.warp_specialize(
             [
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG,
+                                INNER)),
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG,
+                                INNER)),
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 2, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
-                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+                                XARGS, CAUSAL, STAGES, 2, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG,
+                                INNER)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL, STAGES, RANGE, INNER)),
             ],
             [4, 4, 1],
             [160, 160, 24],
@@ -520,10 +528,12 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
         gl.warp_specialize(
             [
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG,
+                                INNER)),
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG)),
-                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+                                XARGS, CAUSAL, STAGES, 1, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, PINGPONG,
+                                INNER)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL, STAGES, RANGE, INNER)),
             ],
             [4, 1],
             [240, 24],
@@ -532,8 +542,8 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
         gl.warp_specialize(
             [
                 (_gl_consumer, (descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scales, N, GROUP, HEADS,
-                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, False)),
-                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, CAUSAL, STAGES, RANGE)),
+                                XARGS, CAUSAL, STAGES, 0, RANGE, SCORE_FULL, SCORE_MASKED, NATURAL, False, INNER)),
+                (_gl_producer, (descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL, STAGES, RANGE, INNER)),
             ],
             [1],
             [24],
