@@ -262,7 +262,7 @@ class KernelTarget(OpTarget):
     ) -> list[Tensor]:
         launch = self.backward_launch(tuple(wrt))
         inputs = (q, k, v, *extras)
-        args = [*inputs, out, lse, dout.contiguous()]
+        args = [*inputs, out, lse, dout]
         if self.float32:
             args = [_as_float32(a) for a in args]
         grads = launch(*args)

@@ -159,11 +159,6 @@ class GluonBackwardLowering(BackwardLowering):
         return KernelCall(self.kernel(f"attn_bwd_{which}_acc", p), p, grid, 4, 1)
 
     # ------------------------------------------------------------------ the launcher
-    def ordered_grads(self) -> set[str]:
-        """dQ (and dK when a K chain's kernel finishes it) in their input's order; the Gluon
-        kernel stores dK and dV by TMA, as contiguous rows."""
-        return {"dq", "dk"} if self.k.grads else {"dq"}
-
     def gluon_launcher(
         self,
         calls: list[KernelCall],

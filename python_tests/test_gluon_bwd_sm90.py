@@ -115,6 +115,38 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
         assert "cp.reduce.async.bulk" not in ptx and "atom.global" not in ptx and "red.global" not in ptx  # ordered
 
 
+@pytest.mark.parametrize("rope", [False, True], ids=["causal", "rope-causal"])
+def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, tmp_path) -> None:
+    """q, k, v and dout as transformers hands them over (transpose(1, 2) of [B, N, H, D]
+    tensors): both Gluon backward kernels read them in place through [B * N, H * D] views and
+    store dK and dV in that order too (`INNER`; q and k pre-rotated by RoPE are contiguous),
+    compiled for sm 90."""
+    chain = [ROPE.replace("%d", "128")] if rope else []
+    ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2)).source
+    module = load_source(source, tmp_path, interpret=False)
+    kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
+    real = {k: getattr(module, k) for k in kernels}
+    for k, capture in kernels.items():
+        setattr(module, k, capture)
+    module._gluon_bwd_fits = lambda *args: True
+    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    q, k, v, out, dout = (torch.zeros(2, 256, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2, 8, 8))
+    dq, dk, dv = module.launch(q, k, v, out, torch.zeros(2, 8, 256), dout)
+    assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
+    ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
+    ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
+    # q, k, v, dO, dK (fp32 for K's chain's kernel after RoPE), dV
+    assert dkdv_kwargs["INNER"] == ((False, False, True, True, False, True) if rope else (True,) * 6)
+    assert dq_kwargs["INNER"] == dkdv_kwargs["INNER"][:4]
+    for name, (args, kwargs) in (
+        ("attn_bwd_sm90", (dkdv_args, dkdv_kwargs)),
+        ("attn_bwd_dq_sm90", (dq_args, dq_kwargs)),
+    ):
+        binary = compile_for_sm90(real[name], args, kwargs, num_warps=kwargs["num_warps"])
+        assert 0 < binary.metadata.shared <= HOPPER_SMEM and "cp.async.bulk.tensor" in binary.asm["ptx"]
+
+
 def _tensors(nq: int, nk: int, offset: int = 0, contiguous: bool = True) -> list[torch.Tensor]:
     flat = torch.zeros(8 * nq * 64 + offset, dtype=torch.float16)
     q = flat[offset:].view(1, 8, nq, 64)

@@ -68,6 +68,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_common import (
+    _gl_at,
     _gl_barriers,
     _gl_ring_alloc,
     _gl_ring_init,
@@ -81,6 +82,7 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_turn_start,
     _gl_turns_init,
 )
+from attnfuse.targets.triton.prelude import _gl_inner
 
 # fmt: off
 _GLB_KEYS = 128  # keys per program: two consumer warpgroups of 64
@@ -175,9 +177,9 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz,
 
 
 @gluon.jit
-def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
+def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, HEADS, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, INNER: gl.constexpr):
     """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: every query block of every query head
     of the group (masked, unmasked, masked), then dK·dk_scale and dV stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -205,14 +207,28 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
                                a, b, HOOK_FULL, STAGES, DQ, WG)
         dk, dv, t = _glb_steps(bufs, k_smem, k_w, v_w, dk, dv, lse_ptr, delta_ptr, k_pos, off_hz, N, XARGS, t,
                                b, i_end, HOOK_MASKED, STAGES, DQ, WG)
-    rows = off_bk * N + row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
-    offs = rows.to(gl.int64)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))[None, :]
-    gl.store(dk_ptr + offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
-    gl.store(dv_ptr + offs, dv.to(dv_ptr.dtype.element_ty))
+    rows = row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))
+    dk_offs = _glb_offsets(INNER[4], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
+    gl.store(dk_ptr + dk_offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
+    dv_offs = _glb_offsets(INNER[5], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
+    gl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty))
 
 
 @gluon.jit
-def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.constexpr):
+def _glb_offsets(INNER: gl.constexpr, bh, heads, N, rows, cols, HEAD_D: gl.constexpr):
+    """The element offsets of rows `rows`, channels `cols` of head bh (= batch * heads + head) of
+    a [B, heads, N, D] tensor: contiguous, or with its heads inner to its sequence (INNER)."""
+    if INNER:
+        at = ((bh // heads) * N + rows).to(gl.int64) * (heads * HEAD_D) + (bh % heads) * HEAD_D
+    else:
+        at = (bh * N + rows).to(gl.int64) * HEAD_D
+    return at[:, None] + cols[None, :]
+
+
+@gluon.jit
+def _glb_producer(descs, bufs, kv, N, GROUP, HEADS, STAGES: gl.constexpr, RANGE: gl.constexpr,
+                  INNER: gl.constexpr):
     """The load partition: the program's K and V once, then Q and dO of each query block of
     each query head of the group into ring position t once both consumers released the slot."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -220,17 +236,21 @@ def _glb_producer(descs, bufs, kv, N, GROUP, STAGES: gl.constexpr, RANGE: gl.con
     k_smem, v_smem, kv_bar = kv
     BLOCK_KV: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     off_bk, k0, i0, a, b, i_end = _glb_tile(N, RANGE, BLOCK_KV, BLOCK_M)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [off_bk * N + k0, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [off_bk * N + k0, 0], kv_bar, v_smem)
+    k_row, k_col = _gl_at(INNER[1], off_bk, HEADS // GROUP, N, k0, HEAD_D)
+    tma.async_copy_global_to_shared(k_desc, [k_row, k_col], kv_bar, k_smem)
+    v_row, v_col = _gl_at(INNER[2], off_bk, HEADS // GROUP, N, k0, HEAD_D)
+    tma.async_copy_global_to_shared(v_desc, [v_row, v_col], kv_bar, v_smem)
     t = 0
     for g in range(GROUP):
-        row = (off_bk * GROUP + g) * N
         for qb in range(i0, i_end):
             _gl_ring_wait_free(empty_bars, t, STAGES)
-            _gl_ring_load(q_desc, row + qb * BLOCK_M, q_bars, q_smem, t, STAGES)
-            _gl_ring_load(do_desc, row + qb * BLOCK_M, do_bars, do_smem, t, STAGES)
+            q_row, q_col = _gl_at(INNER[0], off_bk * GROUP + g, HEADS, N, qb * BLOCK_M, HEAD_D)
+            _gl_ring_load(q_desc, q_row, q_bars, q_smem, t, STAGES, q_col)
+            do_row, do_col = _gl_at(INNER[3], off_bk * GROUP + g, HEADS, N, qb * BLOCK_M, HEAD_D)
+            _gl_ring_load(do_desc, do_row, do_bars, do_smem, t, STAGES, do_col)
             t += 1
 
 
@@ -266,12 +286,15 @@ def _glb_writer(descs, bufs0, bufs1, N, GROUP, RANGE: gl.constexpr):
 
 @gluon.jit
 def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP,
-                  XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr):
+                  HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr,
+                  INNER: gl.constexpr = (False, False, False, False, False, False)):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks, and with DQ a writer warp adding the consumers' halves of dQ's shares into
-    the workspace (see the module docstring). num_warps=4."""
+    the workspace (see the module docstring). num_warps=4. INNER: whether q, k, v, dO, dK and dV
+    (in that order; HEADS query heads) have their heads inner to their sequence (`_gl_at`), else
+    they are contiguous."""
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
@@ -326,11 +349,11 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_
     if DQ:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                                 STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                                 STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
-                (_glb_producer, (descs, bufs0, kv, N, GROUP, STAGES, RANGE)),
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, HEADS,
+                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, HEADS,
+                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
                 (_glb_writer, (descs, bufs0, bufs1, N, GROUP, RANGE)),
             ],
             [4, 1, 1],
@@ -339,11 +362,11 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, lse_
     else:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                                 STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, XARGS,
-                                 STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ)),
-                (_glb_producer, (descs, bufs0, kv, N, GROUP, STAGES, RANGE)),
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, HEADS,
+                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale, N, GROUP, HEADS,
+                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
             ],
             [4, 1],
             [240, 24],
@@ -442,33 +465,37 @@ def _glbq_consumer(descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STA
 
 
 @gluon.jit
-def _glbq_producer(descs, bufs, N, GROUP, STAGES: gl.constexpr, RANGE: gl.constexpr):
+def _glbq_producer(descs, bufs, N, GROUP, HEADS, STAGES: gl.constexpr, RANGE: gl.constexpr, INNER: gl.constexpr):
     """The dQ kernel's load partition: Q and dO of the tile once, then K and V of each KV
     block into ring position j - j0 once both consumers released the slot."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     off_hz, pid_m, j0, a, b, j_end = _glbq_tile(N, RANGE, BLOCK_M, BLOCK_N)
-    row = off_hz * N + pid_m * BLOCK_M
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [row, 0], q_bar, do_smem)
-    kv_row0 = (off_hz // GROUP) * N
+    q_row, q_col = _gl_at(INNER[0], off_hz, HEADS, N, pid_m * BLOCK_M, HEAD_D)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem)
+    do_row, do_col = _gl_at(INNER[3], off_hz, HEADS, N, pid_m * BLOCK_M, HEAD_D)
+    tma.async_copy_global_to_shared(do_desc, [do_row, do_col], q_bar, do_smem)
     for i in range(j_end - j0):
         _gl_ring_wait_free(empty_bars, i, STAGES)
-        _gl_ring_load(k_desc, kv_row0 + (j0 + i) * BLOCK_N, k_bars, k_smem, i, STAGES)
-        _gl_ring_load(v_desc, kv_row0 + (j0 + i) * BLOCK_N, v_bars, v_smem, i, STAGES)
+        k_row, k_col = _gl_at(INNER[1], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
+        _gl_ring_load(k_desc, k_row, k_bars, k_smem, i, STAGES, k_col)
+        v_row, v_col = _gl_at(INNER[2], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
+        _gl_ring_load(v_desc, v_row, v_bars, v_smem, i, STAGES, v_col)
 
 
 @gluon.jit
-def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS,
+def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr, N, GROUP, HEADS, XARGS,
                      STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                     HOOK_MASKED: gl.constexpr, PINGPONG: gl.constexpr):
+                     HOOK_MASKED: gl.constexpr, PINGPONG: gl.constexpr,
+                     INNER: gl.constexpr = (False, False, False, False)):
     """dQ (unscaled, fp32, into dq_ptr) of one 128-row Q tile: a TMA producer warp streaming the
     K and V blocks the tile meets through a STAGES-deep ring, and two consumer warpgroups of 64
     rows each doing three wgmmas per block (S, dP, dQ += dS K): the ordered, deterministic dQ
-    (no accumulation across programs). num_warps=4."""
+    (no accumulation across programs). num_warps=4. INNER: as `attn_bwd_sm90`'s, of q, k, v, dO."""
     descs = (q_desc, k_desc, v_desc, do_desc)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
@@ -490,7 +517,7 @@ def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr
                               HOOK_MASKED, PINGPONG)),
             (_glbq_consumer, (descs, bufs, dq_ptr, lse_ptr, delta_ptr, N, GROUP, XARGS, STAGES, 1, RANGE, HOOK_FULL,
                               HOOK_MASKED, PINGPONG)),
-            (_glbq_producer, (descs, bufs, N, GROUP, STAGES, RANGE)),
+            (_glbq_producer, (descs, bufs, N, GROUP, HEADS, STAGES, RANGE, INNER)),
         ],
         [4, 1],
         [240, 24],
@@ -548,17 +575,20 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
     `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
     `reduce_dq`, by TMA reduce-adds from `attn_bwd_sm90` itself into the zeroed workspace. For
-    q, k (holding their transforms), v and dout [B, H, N, D] (non-contiguous ones are copied
-    first), the forward's lse and delta [B*Hq*N] (fp32). hooks = (RANGE_Q, RANGE_KV,
+    q, k (holding their transforms), v and dout [B, H, N, D] (read in place when contiguous or
+    with their heads inner to their sequence, `_gl_inner`; others are copied first), the
+    forward's lse and delta [B*Hq*N] (fp32). hooks = (RANGE_Q, RANGE_KV,
     HOOK_FULL, HOOK_MASKED), the variant's generated functions (the query blocks a block of
     keys meets, the key blocks a Q tile meets, P and dS), which read `xargs`. dk is the
-    gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous like k."""
-    q, k, v, dout = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, dout))
+    gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous or with
+    their heads inner (as `_empty_ordered` lays them out for such a k and v)."""
+    q, k, v, dout = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v, dout))
     b, hq, n, d = q.shape
     kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
+    inner = tuple(_gl_inner(x) for x in (q, k, v, dout, dk, dv))
 
     def desc(t, rows, layout, cols=d):
-        flat = t.view(-1, d)
+        flat = t.transpose(1, 2).reshape(-1, t.shape[1] * d) if _gl_inner(t) else t.view(-1, d)
         return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols], layout)
 
     if reduce_dq:
@@ -572,28 +602,29 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     grid = (b * k.shape[1], n // _GLB_KEYS, 1)
     q_desc, do_desc = desc(q, _GLB_ROWS, q_layout), desc(dout, _GLB_ROWS, q_layout)
     args = (q_desc, desc(k, _GLB_KEYS, kv_layout), desc(v, _GLB_KEYS, kv_layout), do_desc,
-            desc(dq_acc, _GLB_ROWS, dq_layout, d // 2), dk, dv, lse, delta, float(dk_scale), n, group,
+            desc(dq_acc, _GLB_ROWS, dq_layout, d // 2), dk, dv, lse, delta, float(dk_scale), n, group, hq,
             xargs)
-    spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n),
+    spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n), _glb_spec(hq), inner,
             tuple(_glb_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_glb_spec(x) for x in xargs))
     key = ("dkdv", reduce_dq, dk.dtype, *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
-                                                 HOOK_MASKED=masked, DQ=reduce_dq, num_warps=4)
+                                                 HOOK_MASKED=masked, DQ=reduce_dq, INNER=inner, num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq)
+        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, inner)
     if reduce_dq:
         return
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
     grid = (b * hq, n // _GLBQ_ROWS, 1)
     keys, stages, pingpong = _GLBQ_SCHEDULE[d]
     args = (desc(q, _GLBQ_ROWS, q_tile_layout), desc(k, keys, kv_block_layout), desc(v, keys, kv_block_layout),
-            desc(dout, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, xargs)
+            desc(dout, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
     key = ("dq", *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:
         _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=stages, RANGE=range_kv, HOOK_FULL=full,
-                                                    HOOK_MASKED=masked, PINGPONG=pingpong, num_warps=4)
+                                                    HOOK_MASKED=masked, PINGPONG=pingpong, INNER=inner[:4],
+                                                    num_warps=4)
     else:
-        binary[grid](*args, stages, range_kv, full, masked, pingpong)
+        binary[grid](*args, stages, range_kv, full, masked, pingpong, inner[:4])

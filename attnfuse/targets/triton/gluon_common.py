@@ -22,6 +22,10 @@ only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
   asynchronous wgmmas through one turn mbarrier each (`_gl_barriers(consumers)`,
   `_gl_turns_init`), so one's pointwise work (the forward's softmax, the dQ kernel's P and dS)
   runs while another's products occupy the tensor cores.
+- Where a row is (`_gl_at`): a [B, H, N, D] tensor's descriptor views it as [B * H * N, D] rows
+  when contiguous, or as [B * N, H * D] when its heads are inner to its sequence (transformers'
+  layout, read and written in place); row n of head bh is at (bh * N + n, 0) or
+  ((bh // H) * N + n, (bh % H) * D).
 - TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
   TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
   3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so

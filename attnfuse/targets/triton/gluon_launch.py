@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_LOG2E, _gl_consumers, _gl_kv_rows, attn_fwd_sm90
-from attnfuse.targets.triton.prelude import _c_options, _driver, _heads_inner, _hooked
+from attnfuse.targets.triton.prelude import _c_options, _driver, _gl_inner, _hooked
 
 # fmt: off
 _GL_BINARIES = {}
@@ -150,13 +150,6 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     launch(*grid, get_stream(get_device()), binary.function, *options, binary.packed_metadata, None, None, None,
            *tma, *args, *constexprs)
     return out
-
-
-def _gl_inner(x):
-    """Whether the Gluon kernel reads (writes) the [B, H, N, D] tensor x in place as a
-    [B * N, H * D] view: x is a contiguous [B, N, H, D] tensor seen through transpose(1, 2), as
-    transformers hands q, k and v over and as `_empty_ordered` lays out an output for such a q."""
-    return _heads_inner(x) and x.transpose(1, 2).is_contiguous() and x.data_ptr() % 16 == 0
 
 
 def _gl_view(x, inner, rows, layout):

@@ -257,6 +257,13 @@ def _heads_inner(x):
     return s[1] < s[2] and x.shape[1] > 1 and x.shape[2] > 1
 
 
+def _gl_inner(x):
+    """Whether an sm90 Gluon kernel reads (writes) the [B, H, N, D] tensor x in place as a
+    [B * N, H * D] view: x is a contiguous [B, N, H, D] tensor seen through transpose(1, 2), as
+    transformers hands q, k and v over and as `_empty_ordered` lays out an output for such a q."""
+    return _heads_inner(x) and x.transpose(1, 2).is_contiguous() and x.data_ptr() % 16 == 0
+
+
 def _empty_ordered(like, shape, dtype, device):
     """torch.empty(shape) for a [B, H, N, D] output, its heads inner to its sequence when those
     of the input `like` are (`_heads_inner`): then out.transpose(1, 2) is contiguous, as SDPA's
