@@ -175,8 +175,8 @@ def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path
 @pytest.mark.parametrize("name", ["causal-d128-bf16", "rope-causal-d128-bf16"])
 def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> None:
     """The Hugging Face layout: q, k, v (and dout) as [B, N, H, D] tensors transposed to
-    [B, H, N, D] views. The Gluon backward copies them (TMA reads [rows, D]) rather than leaving
-    the call to the generic kernels."""
+    [B, H, N, D] views. The Gluon backward reads them in place (TMA views of [B * N, H * D]) and
+    lays the gradients out in the same order, as SDPA does."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
@@ -193,6 +193,7 @@ def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> No
     grads = bwd.launch(*views, out, lse, dout)
     torch.cuda.synchronize()
     assert counting.calls == 1, "the Gluon backward did not run"
+    assert all(g.transpose(1, 2).is_contiguous() for g in grads[:3])
     _check(ir, args, wrt, out, dout, grads)
 
 
