@@ -8,7 +8,8 @@ first `triton.experimental` import on, after `gluon_common.py`'s (`printer.gluon
 
 What they compute, for q [B, Hq, N, D] and k, v [B, Hkv, N, D] holding their transforms (GQA: Hq
 a multiple of Hkv; bf16 or fp16; D 64 or 128; N a multiple of 128), dout, the forward's lse and
-delta = rowsum(dout * out):
+delta = rowsum(dout * out); q, k, v, dout, dK and dV each contiguous or in transformers' layout
+(a [B, N, H, D] tensor seen through transpose(1, 2): read and written in place, `_gl_at`):
 - `attn_bwd_sm90`: dV = Pᵀ dO and dK = scale · dSᵀ Q of every key, summed over the query heads
   of its group (in registers: no atomics);
 - `attn_bwd_dq_sm90`: dS K per query row, unscaled, in fp32 (each row by one program, in key

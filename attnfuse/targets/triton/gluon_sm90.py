@@ -9,9 +9,11 @@ Its host side, `_gluon_attention`, is `gluon_launch.py`, carried after it.
 
 What it computes: out = softmax(score ops(q·kᵀ·scale)) v and lse (natural log, fp32), for
 q [B, Hq, N, D] and k, v [B, Hkv, N, D] (GQA: Hq a multiple of Hkv), bf16 or fp16, D 64, 128
-or 256, N a multiple of 128 and Nq = Nk. K arrives with its transforms applied (a pre-rotation
-kernel); Q either too, or the consumers apply its RMSNorm and RoPE to their rows of the Q tile
-in shared memory before the first wgmma (`_gl_q_prologue`). The score ops are a causal
+or 256, N a multiple of 128 and Nq = Nk; each of q, k, v and out contiguous or, as transformers
+lays them out, a [B, N, H, D] tensor seen through transpose(1, 2) (read and written in place,
+`_gl_at`). K arrives with its transforms applied (a pre-rotation kernel); Q either too, or the
+consumers apply its RMSNorm and RoPE to their rows of the Q tile in shared memory before the
+first wgmma (`_gl_q_prologue`, its cos/sin from the launcher's tables). The score ops are a causal
 mask or none, applied here, or the variant's own, as `@triton.jit` functions the compiler
 generates (`RANGE`: the KV blocks a Q tile visits; `SCORE_FULL` / `SCORE_MASKED`: the scores
 of unmasked and masked blocks), called with their extra arguments `XARGS`. A per-head sink
