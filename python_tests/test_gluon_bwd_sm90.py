@@ -66,6 +66,19 @@ CASES = {
 }
 
 
+def _capturing(source: str, tmp_path) -> tuple:
+    """The generated backward module, its two Gluon kernels replaced by captures of their launches
+    (and the real ones), taking the Gluon path without a GPU (the generic kernels do nothing)."""
+    module = load_source(source, tmp_path, interpret=False)
+    kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
+    real = {k: getattr(module, k) for k in kernels}
+    for k, capture in kernels.items():
+        setattr(module, k, capture)
+    module._gluon_bwd_fits = lambda *args: True
+    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    return module, kernels, real
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> None:
     dtype, d, chain, score_ops, softmax, extras, reduce = CASES[name]
@@ -78,13 +91,7 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
         parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2), gluon_dq_reduce=reduce
     ).source
     assert gluon_source(GLUON_BWD_FILES) in source
-    module = load_source(source, tmp_path, interpret=False)
-    kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
-    real = {k: getattr(module, k) for k in kernels}
-    for k, capture in kernels.items():
-        setattr(module, k, capture)
-    module._gluon_bwd_fits = lambda *args: True
-    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    module, kernels, real = _capturing(source, tmp_path)
     q = torch.zeros(1, 8, 256, d, dtype=dtype)
     k, v = torch.zeros(1, 2, 256, d, dtype=dtype), torch.zeros(1, 2, 256, d, dtype=dtype)
     values = {
@@ -124,13 +131,7 @@ def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, tmp_pa
     chain = [ROPE.replace("%d", "128")] if rope else []
     ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
     source = compile_module(parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2)).source
-    module = load_source(source, tmp_path, interpret=False)
-    kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
-    real = {k: getattr(module, k) for k in kernels}
-    for k, capture in kernels.items():
-        setattr(module, k, capture)
-    module._gluon_bwd_fits = lambda *args: True
-    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    module, kernels, real = _capturing(source, tmp_path)
     q, k, v, out, dout = (torch.zeros(2, 256, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2, 8, 8))
     dq, dk, dv = module.launch(q, k, v, out, torch.zeros(2, 8, 256), dout)
     assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
