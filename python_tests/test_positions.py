@@ -300,6 +300,22 @@ def test_absolute_positions(backend, layout):
     assert rel_l2(_q_only_formula(q, k, v, plain.positions(shape.nq, shape.nk)[0]), want) > 1e-2
 
 
+@pytest.mark.parametrize("kind", ["expanded", "transposed"])
+def test_positions_tensors_that_are_views(kind):
+    """[B, N] positions that are strided views: one row expanded over the batch (stride 0, as
+    transformers' `position_ids.expand(B, -1)`) and the transpose of an [N, B] tensor. The
+    launcher's per-call cos/sin tables read them through their strides (interpreted kernels
+    against the formula)."""
+    q, k, v, row, _ = args_of(SMALL, "shard_1d", torch.float32)
+    if kind == "expanded":
+        pos = row.expand(SMALL.b, -1)
+    else:
+        pos = (row[:, None] + 300 * torch.arange(SMALL.b)[None, :]).t()
+    assert not pos.is_contiguous() and pos.shape == (SMALL.b, SMALL.nq)
+    want = _q_only_formula(q, k, v, pos)
+    assert rel_l2(run(_q_only, "interpret", q, k, v, pos), want) <= TOLERANCE[torch.float32] / 10
+
+
 # --------------------------------------------------------------------------- the default convention
 
 
