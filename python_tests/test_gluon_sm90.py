@@ -246,6 +246,25 @@ def test_the_hugging_face_layout_is_read_and_written_in_place(monkeypatch) -> No
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
+def test_the_fp8_form_writes_an_output_in_the_hugging_face_layout_in_place(monkeypatch) -> None:
+    """The FP8 form's q, k and v are its quantization kernels' buffers; its output, laid out in the
+    order of a transformers q, is written in place like the 16-bit form's (`INNER` says so)."""
+    seen: list = []
+    monkeypatch.setattr(gluon_launch, "attn_fwd_sm90", _writing_kernel(seen))
+    monkeypatch.setattr(gluon_launch, "_GL_BINARIES", {})
+    e4m3 = torch.float8_e4m3fn
+    q, k = torch.zeros(1, 4, 256, 64, dtype=e4m3), torch.zeros(1, 2, 256, 64, dtype=e4m3)
+    v = torch.zeros(1, 2, 64, 256, dtype=e4m3).transpose(2, 3)
+    scales = (torch.ones(4), torch.ones(4), torch.ones(4), 0, 0)
+    hf_q = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16).transpose(1, 2)
+    out = prelude._empty_ordered(hf_q, (1, 4, 256, 64), torch.bfloat16, hf_q.device)
+    gluon_launch._gluon_attention(q, k, v, out, torch.empty(4 * 256), 0.125, True, fp8=scales)
+    (((_, _, _, o_base), inner),) = seen
+    assert inner == (False, False, False, True) and o_base.data_ptr() == out.data_ptr()
+    want = torch.arange(256 * 256).view(1, 256, 4, 64).transpose(1, 2).to(torch.bfloat16)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 def test_an_output_in_another_layout_is_written_through_a_contiguous_buffer(monkeypatch) -> None:
     """An output neither contiguous nor in the Hugging Face order gets what the kernel wrote into a
     contiguous [B * H * N, D] buffer, copied; a k in no such order is copied before."""

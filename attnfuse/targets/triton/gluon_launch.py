@@ -91,7 +91,7 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     (q_scale, k_scale, v_scale, q_block, kv_block): their scales per block of q_block rows of
     q (a multiple of 64) and of kv_block keys (a multiple of 128), or one per tensor (0)."""
     b, hq, n, d = q.shape
-    inner = (False, False, False, False)
+    inner = (False, False, False, _gl_inner(out))  # FP8's q, k, v: the quantization kernels' own buffers
     if fp8 is None:
         q, k, v = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v))
         inner = tuple(_gl_inner(x) for x in (q, k, v, out))
