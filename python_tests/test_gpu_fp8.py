@@ -1,8 +1,8 @@
 """The FP8 form on the GPU (kernel path `fp8` with e4m3 products on sm 89 and up): the triton
 backend against the reference executor, bf16 and fp16, GQA, fewer queries than keys, lengths off
 the tiles, per-tensor and per-block scales, RoPE and Hadamard rotations fused in the quantization
-kernels; the sm90 Gluon kernel on e4m3 tiles (sinks, no mask, head dims 64 and 128); a
-CUDA-graph replay; the e4m3 products visible in the generated source."""
+kernels; the sm90 Gluon kernel on e4m3 tiles (sinks, no mask, head dims 64 and 128, transformers'
+layout written in place); a CUDA-graph replay; the e4m3 products visible in the generated source."""
 
 from __future__ import annotations
 
@@ -113,3 +113,23 @@ def test_gluon_fp8_matches_the_reference(block, causal, sink, d):
             ref = var(q, k, v, s)
     assert "_gluon_attention(q8, k8, v8" in src
     assert _rel(out, ref) < 0.03
+
+
+def test_gluon_fp8_in_the_hugging_face_layout():
+    """q, k, v as transformers hands them over (transpose(1, 2) of [B, N, H, D] tensors): the
+    output, laid out in q's order, is written in place by the Gluon kernel on the e4m3 tiles
+    and equals the output for contiguous inputs."""
+
+    def fp8(q, k, v):
+        q, k = (af.quantize_fp8(af.rope(x, theta=500000.0), block=128) for x in (q, k))
+        return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), af.quantize_fp8(v, block=128))
+
+    var = af.Variant(fp8)
+    q, k, v = _inputs(16, 4, 2048, 2048, 128, torch.bfloat16, seed=5)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    with torch.no_grad(), af.backend("triton"):
+        want = var(q, k, v)
+        got = var(*views)
+        assert "_gluon_attention(q8, k8, v8" in var.compile(*views).source
+    assert got.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
