@@ -66,11 +66,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_common import (
     _gl_at,
     _gl_barriers,
+    _gl_desc,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
@@ -82,6 +82,7 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_turn_end,
     _gl_turn_start,
     _gl_turns_init,
+    _gl_view,
 )
 from attnfuse.targets.triton.prelude import _gl_inner
 
@@ -220,11 +221,11 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, lse_ptr, delta_ptr, dk_scale,
 def _glb_offsets(INNER: gl.constexpr, bh, heads, N, rows, cols, HEAD_D: gl.constexpr):
     """The element offsets of rows `rows`, channels `cols` of head bh (= batch * heads + head) of
     a [B, heads, N, D] tensor: contiguous, or with its heads inner to its sequence (INNER)."""
+    row, col = _gl_at(INNER, bh, heads, N, rows, HEAD_D)
+    width = HEAD_D
     if INNER:
-        at = ((bh // heads) * N + rows).to(gl.int64) * (heads * HEAD_D) + (bh % heads) * HEAD_D
-    else:
-        at = (bh * N + rows).to(gl.int64) * HEAD_D
-    return at[:, None] + cols[None, :]
+        width = heads * HEAD_D
+    return (row.to(gl.int64) * width + col)[:, None] + cols[None, :]
 
 
 @gluon.jit
@@ -588,9 +589,8 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
     inner = tuple(_gl_inner(x) for x in (q, k, v, dout, dk, dv))
 
-    def desc(t, rows, layout, cols=d):
-        flat = t.transpose(1, 2).reshape(-1, t.shape[1] * d) if _gl_inner(t) else t.view(-1, d)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols], layout)
+    def desc(i, rows, layout):  # of (q, k, v, dout)[i]
+        return _gl_desc(*_gl_view((q, k, v, dout)[i], inner[i], rows, layout))
 
     if reduce_dq:
         dq_acc.zero_()
@@ -601,10 +601,9 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     # H200: the heaviest blocks of the last heads ran in the launch's tail). Three entries: a
     # compiled binary's launcher indexes all three.
     grid = (b * k.shape[1], n // _GLB_KEYS, 1)
-    q_desc, do_desc = desc(q, _GLB_ROWS, q_layout), desc(dout, _GLB_ROWS, q_layout)
-    args = (q_desc, desc(k, _GLB_KEYS, kv_layout), desc(v, _GLB_KEYS, kv_layout), do_desc,
-            desc(dq_acc, _GLB_ROWS, dq_layout, d // 2), dk, dv, lse, delta, float(dk_scale), n, group, hq,
-            xargs)
+    args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
+            desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), dk, dv, lse, delta,
+            float(dk_scale), n, group, hq, xargs)
     spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n), _glb_spec(hq), inner,
             tuple(_glb_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_glb_spec(x) for x in xargs))
     key = ("dkdv", reduce_dq, dk.dtype, *spec)
@@ -619,8 +618,8 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
     grid = (b * hq, n // _GLBQ_ROWS, 1)
     keys, stages, pingpong = _GLBQ_SCHEDULE[d]
-    args = (desc(q, _GLBQ_ROWS, q_tile_layout), desc(k, keys, kv_block_layout), desc(v, keys, kv_block_layout),
-            desc(dout, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
+    args = (desc(0, _GLBQ_ROWS, q_tile_layout), desc(1, keys, kv_block_layout), desc(2, keys, kv_block_layout),
+            desc(3, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
     key = ("dq", *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:

@@ -5,7 +5,8 @@ backward, decode or FP8 kernel takes them from here rather than copying them.
 
 Generated modules that launch a Gluon kernel carry this file's code before the kernel's
 (`printer.gluon_source`), from its first `triton.experimental` import on, so it imports
-only Triton and defines only `@gluon.jit` functions (names `_gl_*`).
+only Triton and defines only `@gluon.jit` functions (names `_gl_*`) and the two host functions
+that describe a tensor to them as a TMA descriptor (`_gl_view`, `_gl_desc`).
 
 - Tile order (`_gl_tile_order`, `_gl_block_classes`): one program per (batch*head, tile) on a
   (B*H, tiles) grid, the heaviest tiles (the last, under a causal mask) launched first; the
@@ -39,6 +40,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin as _gl_builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # fmt: off
 
@@ -178,3 +180,18 @@ def _gl_tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+def _gl_view(x, inner, rows, layout):
+    """x's descriptor spec (tensor, 2-D view width, box rows, box columns, layout): rows of D
+    channels of [B * H * N, D], or of [B * N, H * D] when its heads are `inner`."""
+    d = x.shape[3]
+    if inner:
+        return x.transpose(1, 2), x.shape[1] * d, rows, d, layout
+    return x, d, rows, d, layout
+
+
+def _gl_desc(t, width, rows, cols, layout):
+    """A TMA descriptor of t's [-1, width] view in boxes of [rows, cols]."""
+    flat = t.view(-1, width)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols], layout)

@@ -19,8 +19,8 @@ import functools
 
 import torch
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_view
 from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_LOG2E, _gl_consumers, _gl_kv_rows, attn_fwd_sm90
 from attnfuse.targets.triton.prelude import _c_options, _driver, _gl_inner, _hooked
 
@@ -150,21 +150,6 @@ def _gluon_kernel(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xa
     launch(*grid, get_stream(get_device()), binary.function, *options, binary.packed_metadata, None, None, None,
            *tma, *args, *constexprs)
     return out
-
-
-def _gl_view(x, inner, rows, layout):
-    """x's descriptor spec (tensor, 2-D view width, box rows, box columns, layout): rows of D
-    channels of [B * H * N, D], or of [B * N, H * D] when its heads are `inner`."""
-    d = x.shape[3]
-    if inner:
-        return x.transpose(1, 2), x.shape[1] * d, rows, d, layout
-    return x, d, rows, d, layout
-
-
-def _gl_desc(t, width, rows, cols, layout):
-    """A TMA descriptor of t's [-1, width] view in boxes of [rows, cols]."""
-    flat = t.view(-1, width)
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols], layout)
 
 
 _GL_MAPS = {}
