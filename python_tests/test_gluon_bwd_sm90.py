@@ -14,7 +14,7 @@ from kernel_harness import CUSTOM_MASK, compile_for_sm90, variant
 from attnfuse.cache import load_source
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
-from attnfuse.targets.triton import gluon_bwd_sm90
+from attnfuse.targets.triton import gluon_bwd_launch
 from attnfuse.targets.triton.printer import GLUON_BWD_FILES, gluon_source
 
 HOPPER_SMEM = 227 * 1024
@@ -170,4 +170,4 @@ def _tensors(nq: int, nk: int, offset: int = 0, contiguous: bool = True) -> list
     ],
 )
 def test_gluon_bwd_fits(nq: int, nk: int, offset: int, contiguous: bool, fits: bool) -> None:
-    assert gluon_bwd_sm90._gluon_bwd_fits(*_tensors(nq, nk, offset, contiguous), 2048) is fits
+    assert gluon_bwd_launch._gluon_bwd_fits(*_tensors(nq, nk, offset, contiguous), 2048) is fits

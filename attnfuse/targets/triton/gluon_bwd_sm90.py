@@ -54,9 +54,6 @@ D128 dK/dV kernel spills a few hundred bytes of scalars (benchmarks/NOTES.md, 20
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
 # Python that a static type checker can follow; pyright skips this file.
 
-import functools
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -70,7 +67,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from attnfuse.targets.triton.gluon_common import (
     _gl_at,
     _gl_barriers,
-    _gl_desc,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
@@ -82,9 +78,7 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_turn_end,
     _gl_turn_start,
     _gl_turns_init,
-    _gl_view,
 )
-from attnfuse.targets.triton.prelude import _gl_inner
 
 # fmt: off
 _GLB_KEYS = 128  # keys per program: two consumer warpgroups of 64
@@ -524,107 +518,3 @@ def attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, dq_ptr, lse_ptr, delta_ptr
         [4, 1],
         [240, 24],
     )
-
-
-_GLB_BINARIES = {}
-
-
-@functools.cache
-def _glb_layouts(head_d, dtype):
-    """The NVMMA shared layouts of a K/V block, a Q/dO block and half of a dQ share (fp32,
-    swizzled: the consumers store it without bank conflicts; TMA moves it in boxes of at most 32
-    columns)."""
-    dt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    return (gl.NVMMASharedLayout.get_default_for([_GLB_KEYS, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GLB_ROWS, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GLB_ROWS, head_d // 2], gl.float32))
-
-
-@functools.cache
-def _glbq_layouts(head_d, dtype):
-    """The dQ kernel's NVMMA shared layouts: its Q (and dO) tile and a K/V block."""
-    dt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    return (gl.NVMMASharedLayout.get_default_for([_GLBQ_ROWS, head_d], dt),
-            gl.NVMMASharedLayout.get_default_for([_GLBQ_SCHEDULE[head_d][0], head_d], dt))
-
-
-def _gluon_bwd_fits(q, k, v, dout, lse, min_len):
-    """Whether this backward call can take the Gluon kernels: Nq = Nk, a multiple of 128 and at
-    least min_len, a contiguous lse, and q, k, v, dout that are 16-byte aligned where contiguous
-    (TMA reads them as [rows, D] views; `_gluon_backward` copies the others, e.g. the Hugging
-    Face layout's transposed views). The compiler checked dtypes, head dims and the variant."""
-    n = q.shape[2]
-    return (n == k.shape[2] and n >= min_len and n % _GLB_KEYS == 0 and lse.is_contiguous()
-            and all(x.data_ptr() % 16 == 0 for x in (q, k, v, dout) if x.is_contiguous()))
-
-
-def _gl_deterministic():
-    """Whether PyTorch asks for deterministic algorithms (`torch.use_deterministic_algorithms`):
-    the Gluon backward then computes dQ by its ordered kernel whatever the compiler chose."""
-    return torch.are_deterministic_algorithms_enabled()
-
-
-def _glb_spec(x):
-    """What Triton specialises a kernel argument on (a direct-binary launch must match)."""
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.data_ptr() % 16 == 0
-    if isinstance(x, bool) or not isinstance(x, int):
-        return type(x)
-    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
-
-
-def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, xargs=(), reduce_dq=False):
-    """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
-    `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
-    `reduce_dq`, by TMA reduce-adds from `attn_bwd_sm90` itself into the zeroed workspace. For
-    q, k (holding their transforms), v and dout [B, H, N, D] (read in place when contiguous or
-    with their heads inner to their sequence, `_gl_inner`; others are copied first), the
-    forward's lse and delta [B*Hq*N] (fp32). hooks = (RANGE_Q, RANGE_KV,
-    HOOK_FULL, HOOK_MASKED), the variant's generated functions (the query blocks a block of
-    keys meets, the key blocks a Q tile meets, P and dS), which read `xargs`. dk is the
-    gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous or with
-    their heads inner (as `_empty_ordered` lays them out for such a k and v)."""
-    q, k, v, dout = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v, dout))
-    b, hq, n, d = q.shape
-    kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
-    inner = tuple(_gl_inner(x) for x in (q, k, v, dout, dk, dv))
-
-    def desc(i, rows, layout):  # of (q, k, v, dout)[i]
-        return _gl_desc(*_gl_view((q, k, v, dout)[i], inner[i], rows, layout))
-
-    if reduce_dq:
-        dq_acc.zero_()
-    group = hq // k.shape[1]
-    range_q, range_kv, full, masked = hooks
-    # Heads along the grid's first axis: every head's lowest (under a causal mask, heaviest)
-    # blocks of keys start first (with the blocks along it, measured 0.63x at N = 4096 on the
-    # H200: the heaviest blocks of the last heads ran in the launch's tail). Three entries: a
-    # compiled binary's launcher indexes all three.
-    grid = (b * k.shape[1], n // _GLB_KEYS, 1)
-    args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
-            desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), dk, dv, lse, delta,
-            float(dk_scale), n, group, hq, xargs)
-    spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n), _glb_spec(hq), inner,
-            tuple(_glb_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_glb_spec(x) for x in xargs))
-    key = ("dkdv", reduce_dq, dk.dtype, *spec)
-    binary = _GLB_BINARIES.get(key)
-    if binary is None:  # Triton's launch path: compiles or loads the binary
-        _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
-                                                 HOOK_MASKED=masked, DQ=reduce_dq, INNER=inner, num_warps=4)
-    else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, inner)
-    if reduce_dq:
-        return
-    q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
-    grid = (b * hq, n // _GLBQ_ROWS, 1)
-    keys, stages, pingpong = _GLBQ_SCHEDULE[d]
-    args = (desc(0, _GLBQ_ROWS, q_tile_layout), desc(1, keys, kv_block_layout), desc(2, keys, kv_block_layout),
-            desc(3, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
-    key = ("dq", *spec)
-    binary = _GLB_BINARIES.get(key)
-    if binary is None:
-        _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=stages, RANGE=range_kv, HOOK_FULL=full,
-                                                    HOOK_MASKED=masked, PINGPONG=pingpong, INNER=inner[:4],
-                                                    num_warps=4)
-    else:
-        binary[grid](*args, stages, range_kv, full, masked, pingpong, inner[:4])
