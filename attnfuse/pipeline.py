@@ -57,9 +57,9 @@ class AttnFusePipelinePass(ModulePass):
     tanh: TanhMode = "auto"
     """kernel-path's tanh: a softcap's or region's tanh by the GPU's approximate instruction in
     the Gluon kernel (auto), in every GPU kernel (approx) or nowhere (exact)."""
-    gluon_dq_reduce: bool = False
+    gluon_dq_reduce: bool = KernelPathPass.dq_reduce
     """kernel-path's dq-reduce: the Gluon backward's dQ by TMA reduce-adds (not bitwise
-    reproducible) instead of its ordered dQ kernel."""
+    reproducible; the default) or (false) by its ordered dQ kernel."""
     decode: bool = False
     """kernel-path's decode: compile the forward for decoding against a KV cache (`Variant.decode`)."""
     page_size: int = 0

@@ -9,17 +9,19 @@ a multiple of 128 or below `min-len`, unaligned data).
 
 `gluon-sm90` on a backward function (attn-autodiff's): the sm90 Gluon backward
 (`attnfuse/targets/triton/gluon_bwd_sm90.py`): a dK/dV kernel (one program per 128 keys, K and V
-resident, Q and dO streamed by a TMA producer warp, two consumer warpgroups) and an ordered dQ
-kernel (one program per 128 query rows, K and V streamed), Q and K pre-rotated, their chains'
+resident, Q and dO streamed by a TMA producer warp, two consumer warpgroups) that also adds dQ's
+shares into an fp32 workspace by TMA reduce-adds (`dq = "reduce"`, option `dq-reduce`), or, with
+`dq-reduce=false` or under `torch.use_deterministic_algorithms(True)`, the dK/dV kernel and then an
+ordered dQ kernel (one program per 128 query rows, K and V streamed: bitwise reproducible), Q and
+K pre-rotated, their chains'
 derivatives in small kernels after them; the generic backward stays beside it for calls it does
 not cover. It takes every variant the Gluon forward takes, at head dims 64 and 128 (whatever
 `head-dims` says: that option is the forward's), for a function that asks for dq, dk and dv.
 Measured (H200, 2026-12-02, benchmarks/results/h200/run_2026-12-02_gluon_bwd/): 1.11-2.08x the
 generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softcap, at the Llama
-and the paper shapes. `dq-reduce` instead adds dQ's shares into an fp32 workspace from the dK/dV
-kernel by TMA reduce-adds (FlashAttention-3's way, a writer warp issuing them; not bitwise
-reproducible): measured 0.83x the ordered dQ kernel's speed at the Llama shape and 0.99-1.01x at
-the paper shape (run_2026-12-03_bwd_dq_writer), so it is an option, recorded as `dq = "reduce"`.
+and the paper shapes. dQ by reduce-adds (FlashAttention-3's way, a writer warp issuing them; not
+bitwise reproducible) measured 1.01-1.11x the ordered dQ kernel's speed at the Llama shape and
+1.07-1.18x at the paper shape, N = 4096-16384 (run_2026-12-03_bwd_lse_tma), so it is the default.
 Min-len is `min-len` (a backward pre-rotates Q and K on both paths); below 2048 the Gluon backward
 was not measured.
 
@@ -464,12 +466,11 @@ class KernelPathPass(ModulePass):
     tanh: TanhMode = "auto"
     """A bf16/f16 variant's tanh on a GPU: `auto`, by the approximate instruction in the Gluon
     kernel only; `approx`, in every kernel (forward and backward); `exact`, nowhere."""
-    dq_reduce: bool = False
+    dq_reduce: bool = True
     """The Gluon backward's dQ by TMA reduce-adds from its dK/dV kernel (each block of keys adds
     its share into an fp32 workspace: not bitwise reproducible, and a call under
-    `torch.use_deterministic_algorithms(True)` does not take it) instead of its ordered dQ
-    kernel (the default: deterministic, and measured faster or as fast, benchmarks/results/h200/
-    run_2026-12-02_gluon_bwd, run_2026-12-03_bwd_dq_writer)."""
+    `torch.use_deterministic_algorithms(True)` does not take it); false: by its ordered dQ kernel
+    (deterministic; 1.01-1.18x slower on the H200, benchmarks/results/h200/run_2026-12-03_bwd_lse_tma)."""
 
     decode: bool = False
     """Compile a forward for decoding against a KV cache (`Variant.decode`): the `decode` path."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_harness import CUSTOM_MASK, compile_for_sm90, variant
 
-from attnfuse.cache import load_source
+from attnfuse.cache_loader import load_module
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
 from attnfuse.targets.triton import gluon_bwd_launch
@@ -68,8 +68,11 @@ CASES = {
 
 def _capturing(source: str, tmp_path) -> tuple:
     """The generated backward module, its two Gluon kernels replaced by captures of their launches
-    (and the real ones), taking the Gluon path without a GPU (the generic kernels do nothing)."""
-    module = load_source(source, tmp_path, interpret=False)
+    (and the real ones), taking the Gluon path without a GPU (the generic kernels do nothing). A
+    fresh import: `load_source` would hand another test's patched module back for the same text."""
+    path = tmp_path / "captured_backward.py"
+    path.write_text(source, encoding="utf-8")
+    module = load_module(path, interpret=False, name=f"attnfuse_captured_{tmp_path.name}")
     kernels = {"attn_bwd_sm90": _Capture(), "attn_bwd_dq_sm90": _Capture()}
     real = {k: getattr(module, k) for k in kernels}
     for k, capture in kernels.items():
@@ -122,28 +125,34 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
         assert "cp.reduce.async.bulk" not in ptx and "atom.global" not in ptx and "red.global" not in ptx  # ordered
 
 
-@pytest.mark.parametrize("rope", [False, True], ids=["causal", "rope-causal"])
-def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, tmp_path) -> None:
+@pytest.mark.parametrize(
+    "rope,reduce", [(False, False), (True, False), (True, True)], ids=["causal", "rope-causal", "rope-causal-dq-reduce"]
+)
+def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce: bool, tmp_path) -> None:
     """q, k, v and dout as transformers hands them over (transpose(1, 2) of [B, N, H, D]
-    tensors): both Gluon backward kernels read them in place through [B * N, H * D] views and
-    store dK and dV in that order too (`INNER`; q and k pre-rotated by RoPE are contiguous),
-    compiled for sm 90."""
+    tensors): the Gluon backward kernels (the dK/dV kernel adding dQ's shares up, or it and the
+    ordered dQ kernel) read them in place through [B * N, H * D] views and store dK and dV in that
+    order too (`INNER`; q and k pre-rotated by RoPE are contiguous), compiled for sm 90."""
     chain = [ROPE.replace("%d", "128")] if rope else []
     ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
-    source = compile_module(parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2)).source
+    source = compile_module(
+        parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2), gluon_dq_reduce=reduce
+    ).source
     module, kernels, real = _capturing(source, tmp_path)
     q, k, v, out, dout = (torch.zeros(2, 256, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2, 8, 8))
     dq, dk, dv = module.launch(q, k, v, out, torch.zeros(2, 8, 256), dout)
     assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
     ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
-    ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
+    assert dkdv_kwargs["DQ"] is reduce
     # q, k, v, dO, dK (fp32 for K's chain's kernel after RoPE), dV
     assert dkdv_kwargs["INNER"] == ((False, False, True, True, False, True) if rope else (True,) * 6)
-    assert dq_kwargs["INNER"] == dkdv_kwargs["INNER"][:4]
-    for name, (args, kwargs) in (
-        ("attn_bwd_sm90", (dkdv_args, dkdv_kwargs)),
-        ("attn_bwd_dq_sm90", (dq_args, dq_kwargs)),
-    ):
+    launches = [("attn_bwd_sm90", (dkdv_args, dkdv_kwargs))]
+    if not reduce:
+        ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
+        assert dq_kwargs["INNER"] == dkdv_kwargs["INNER"][:4]
+        launches.append(("attn_bwd_dq_sm90", (dq_args, dq_kwargs)))
+    assert len(kernels["attn_bwd_dq_sm90"].calls) == (0 if reduce else 1)
+    for name, (args, kwargs) in launches:
         binary = compile_for_sm90(real[name], args, kwargs, num_warps=kwargs["num_warps"])
         assert 0 < binary.metadata.shared <= HOPPER_SMEM and "cp.async.bulk.tensor" in binary.asm["ptx"]
 

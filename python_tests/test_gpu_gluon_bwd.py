@@ -8,9 +8,10 @@ extra that has one match float64 autograd of the reference executor, as relative
 (`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
 Nq != Nk) take the generic kernels of the same module and are checked too; transposed views
 (the Hugging Face layout) take the Gluon kernels after a copy. Lengths of one to five blocks of
-keys and Nk - Nq at offsets across a tile are swept. The default, ordered
-dQ kernel gives bitwise equal gradients run after run; dQ by TMA reduce-adds (kernel-path
-`dq-reduce`) is as accurate, and under `torch.use_deterministic_algorithms` is not taken.
+keys and Nk - Nq at offsets across a tile are swept. dQ comes by TMA reduce-adds (kernel-path
+`dq-reduce`, the default); the ordered dQ kernel (`dq-reduce=false`, and what a call under
+`torch.use_deterministic_algorithms` takes) is as accurate and gives bitwise equal gradients run
+after run.
 
 Marked `gpu`; skipped without CUDA and on GPUs other than sm 90.
 """
@@ -236,14 +237,14 @@ def test_rope_at_explicit_positions(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["rope-causal-d128-bf16", "qknorm-rope-d64-f16", "gemma2-rope-softcap-window-bf16"])
-def test_dq_by_reduce_adds(name: str, folder: Path) -> None:
-    """kernel-path dq-reduce: the dK/dV kernel adds dQ's shares into the workspace itself."""
+def test_the_ordered_dq_kernel(name: str, folder: Path) -> None:
+    """kernel-path dq-reduce=false: dQ by the ordered dQ kernel after the dK/dV kernel."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
     n = 1024
-    fwd, bwd, wrt = _modules(ir, folder, n, gluon_dq_reduce=True)
-    assert "reduce_dq=not _gl_deterministic()" in Path(bwd.__file__).read_text()
+    fwd, bwd, wrt = _modules(ir, folder, n, gluon_dq_reduce=False)
+    assert "reduce_dq=" not in Path(bwd.__file__).read_text()
     args = _inputs(case, n, n)
     out, dout, grads = _run(fwd, bwd, args)
     _check(ir, args, wrt, out, dout, grads)
@@ -251,16 +252,17 @@ def test_dq_by_reduce_adds(name: str, folder: Path) -> None:
 
 @pytest.mark.parametrize("reduce", [False, True], ids=["ordered", "reduce-under-torch-deterministic"])
 def test_gradients_are_bitwise_reproducible(reduce: bool, folder: Path) -> None:
-    """Five runs of the same backward give bitwise equal gradients: the default ordered dQ, and
-    a dq-reduce module under `torch.use_deterministic_algorithms(True)` (it then takes the
-    ordered dQ kernel); they agree with the reduce-add dQ to rounding."""
+    """Five runs of the same backward give bitwise equal gradients: the ordered dQ
+    (dq-reduce=false), and the default (dq-reduce) under `torch.use_deterministic_algorithms(True)`
+    (it then takes the ordered dQ kernel); they agree with the reduce-add dQ to rounding."""
     case = CASES["rope-causal-d128-bf16"]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
     n = 2048
     args = _inputs(case, n, n)
-    fwd, ordered, _ = _modules(ir, folder, n)
-    _, reducing, _ = _modules(ir, folder, n, gluon_dq_reduce=True)
+    fwd, ordered, _ = _modules(ir, folder, n, gluon_dq_reduce=False)
+    _, reducing, _ = _modules(ir, folder, n)
+    assert "reduce_dq=not _gl_deterministic()" in Path(reducing.__file__).read_text()
     _, _, reduced_grads = _run(fwd, reducing, args)
     if reduce:
         torch.use_deterministic_algorithms(True)

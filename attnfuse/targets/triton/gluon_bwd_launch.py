@@ -17,6 +17,7 @@ import functools
 
 import torch
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnfuse.targets.triton.gluon_bwd_sm90 import (
     _GLB_KEYS,
@@ -32,6 +33,7 @@ from attnfuse.targets.triton.prelude import _gl_inner
 
 # fmt: off
 _GLB_BINARIES = {}
+_GLB_ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
 
 
 @functools.cache
@@ -53,13 +55,20 @@ def _glbq_layouts(head_d, dtype):
             gl.NVMMASharedLayout.get_default_for([_GLBQ_SCHEDULE[head_d][0], head_d], dt))
 
 
+def _glb_rows_desc(x):
+    """A TMA descriptor of a per-row fp32 statistic (lse, delta: [B * Hq * N]) in blocks of one
+    step's query rows."""
+    flat = x.view(-1)
+    return TensorDescriptor(flat, [flat.numel()], [1], [_GLB_ROWS], _GLB_ROWS_LAYOUT)
+
+
 def _gluon_bwd_fits(q, k, v, dout, lse, min_len):
     """Whether this backward call can take the Gluon kernels: Nq = Nk, a multiple of 128 and at
     least min_len, a contiguous lse, and q, k, v, dout that are 16-byte aligned where contiguous
     (TMA reads them as [rows, D] views; `_gluon_backward` copies the others, e.g. the Hugging
     Face layout's transposed views). The compiler checked dtypes, head dims and the variant."""
     n = q.shape[2]
-    return (n == k.shape[2] and n >= min_len and n % _GLB_KEYS == 0 and lse.is_contiguous()
+    return (n == k.shape[2] and n >= min_len and n % _GLB_KEYS == 0 and lse.is_contiguous() and lse.data_ptr() % 16 == 0
             and all(x.data_ptr() % 16 == 0 for x in (q, k, v, dout) if x.is_contiguous()))
 
 
@@ -107,8 +116,8 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     # compiled binary's launcher indexes all three.
     grid = (b * k.shape[1], n // _GLB_KEYS, 1)
     args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
-            desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), dk, dv, lse, delta,
-            float(dk_scale), n, group, hq, xargs)
+            desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), _glb_rows_desc(lse),
+            _glb_rows_desc(delta), dk, dv, float(dk_scale), n, group, hq, xargs)
     spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n), _glb_spec(hq), inner,
             tuple(_glb_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_glb_spec(x) for x in xargs))
     key = ("dkdv", reduce_dq, dk.dtype, *spec)

@@ -1,10 +1,11 @@
 // A backward function kernel-path gave the sm90 Gluon backward: the launcher chooses per call
-// between the Gluon kernels (dK/dV, then the ordered dQ; on the pre-rotated q and k) with the
+// between the Gluon kernels (by default dK/dV adding dQ's shares up by TMA reduce-adds, REDUCE;
+// with gluon-dq-reduce=false dK/dV, then the ordered dQ; on the pre-rotated q and k) with the
 // kernels that finish dQ and dK from their fp32 workspaces, and the generic dK/dV and dQ
 // kernels. The variant's P and dS reach the Gluon kernels as device functions.
 
-// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true}' | filecheck %s
-// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true gluon-dq-reduce=true}' | filecheck %s --check-prefix=REDUCE
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true gluon-dq-reduce=false}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true}' | filecheck %s --check-prefix=REDUCE
 // RUN: attnfuse-opt %s --split-input-file -p 'attnfuse-pipeline{sm=90 seq-len=4096 backward=true gluon=false}' | filecheck %s --check-prefix=OFF
 
 // Qwen3 (QK-norm with learned weights, RoPE, causal, GQA): Q's and K's chains' derivatives run
@@ -54,8 +55,8 @@ func.func @qwen(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tens
 // -----
 
 // No Q or K transforms, ALiBi (an extra tensor the functions read) and a sink (its gradient
-// from attn_bwd_pre): the Gluon kernel writes dK itself; with dq-reduce its dK/dV kernel adds
-// dQ's shares into the workspace, unless PyTorch asks for deterministic algorithms.
+// from attn_bwd_pre): the Gluon kernel writes dK itself; with dq-reduce (the default) its dK/dV
+// kernel adds dQ's shares into the workspace, unless PyTorch asks for deterministic algorithms.
 // CHECK:       tl.device_fn @gluon_bwd_full(%s: !tl.tile<f32>, {{.*}}, %off_hz: i32, %sl: !tl.ptr<f32>, %stride_sl: i32)
 // CHECK:       tl.host_if "_gluon_bwd_fits(q, k, v, dout_7, lse_6, 2048)" {
 // CHECK-NEXT:      tl.alloc "dq_acc"
@@ -82,8 +83,8 @@ func.func @alibi(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>, %v: tensor<
 // CHECK:         tl.call "rope_at_1_tables" grid ["_cdiv(kp.numel(), 32)"]
 // CHECK:         tl.call "rotate_q" {{.*}} num_warps 4 num_stages 1
 // CHECK-NEXT:    tl.call "rotate_k" {{.*}} num_warps 4 num_stages 1
-// CHECK:           tl.call "attn_bwd_dq_acc" {{.*}}"qp.shape[1]", "rope_at_0_cos", "rope_at_0_sin", {{.*}} num_warps 4 num_stages 1
-// CHECK-NEXT:      tl.call "attn_bwd_dk_acc" {{.*}}"kp.shape[1]", "rope_at_1_cos", "rope_at_1_sin", {{.*}} num_warps 4 num_stages 1
+// CHECK:           tl.call "attn_bwd_dq_acc" {{.*}}"qp.shape[1]", "rope_at_0_cos", "rope_at_0_sin", {{.*}} num_warps 16 num_stages 1
+// CHECK-NEXT:      tl.call "attn_bwd_dk_acc" {{.*}}"kp.shape[1]", "rope_at_1_cos", "rope_at_1_sin", {{.*}} num_warps 16 num_stages 1
 func.func @llama_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?x?xi64>) -> tensor<?x8x?x128xbf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
   %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?x?xi64>) : tensor<?x2x?x128xbf16>

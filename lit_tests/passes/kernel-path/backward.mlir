@@ -1,9 +1,10 @@
 // kernel-path on a backward function (attn-autodiff's): on sm 90 the Gluon backward (dK/dV and
 // ordered dQ kernels) takes every variant the Gluon forward takes, at head dims 64 and 128,
-// when the function asks for dq, dk and dv together; dq-reduce records dQ by TMA reduce-adds.
+// when the function asks for dq, dk and dv together; dQ by TMA reduce-adds (dq-reduce, the
+// default) is recorded as dq = "reduce".
 
-// RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=90 seq-len=4096}' | filecheck %s
-// RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=90 seq-len=4096 dq-reduce=true}' | filecheck %s --check-prefix=REDUCE
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=90 seq-len=4096 dq-reduce=false}' | filecheck %s
+// RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=90 seq-len=4096}' | filecheck %s --check-prefix=REDUCE
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff{wrt=2},kernel-path{sm=90 seq-len=4096}' | filecheck %s --check-prefix=DV
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=80 seq-len=4096}' | filecheck %s --check-prefix=SM80
 // RUN: attnfuse-opt %s --split-input-file -p 'attn-autodiff,kernel-path{sm=90 seq-len=1024}' | filecheck %s --check-prefix=SHORT
