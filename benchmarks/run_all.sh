@@ -25,8 +25,8 @@
 #             floor, a profile; ~1 minute)
 #   gluon     gluon/attention_sm90.py   (the hand-written Gluon kernels v1-v4 vs cuDNN / flash, each in a
 #             supervised subprocess; ~2-4 minutes)
-#   gluonbwd  gluon/backward_ab.py      (the sm90 Gluon backward vs the generic one, same module, and with dQ by
-#             TMA reduce-adds; Llama and paper shapes, N 4096 and 16384; ~2-3 minutes)
+#   gluonbwd  gluon/backward_ab.py      (the sm90 Gluon backward vs the generic one, same module, and with its
+#             ordered dQ kernel; Llama and paper shapes, N 4096 and 16384; ~2-3 minutes)
 #   tanh      tanh_approx.py            (the generic kernel's softcap, tanh=approx vs tanh=exact, forward and
 #             backward, three shapes, N 2048..8192, errors against float32; ~2-4 minutes, not yet run)
 #   cptests   pytest -m gpu python_tests/test_distributed_gpu.py (2 GPUs, NCCL: context parallelism's

@@ -2,7 +2,8 @@
 each variant's backward compiled twice (kernel-path gluon=true / gluon=false), its generated
 `launch` timed alone (delta, pre-rotations, the dK/dV and dQ kernels, the workspaces'
 kernels), median of `triton.testing.do_bench`, after a check that both give the same
-gradients (relative L2 difference <= 2e-2). Also dQ by TMA reduce-adds (kernel-path dq-reduce).
+gradients (relative L2 difference <= 2e-2). The Gluon backward as compiled by default (dQ by TMA
+reduce-adds, kernel-path dq-reduce) and with its ordered dQ kernel (dq-reduce=false).
 
     python benchmarks/gluon/backward_ab.py --out DIR [--ns 4096,16384]
 
@@ -10,7 +11,7 @@ With --configs, the Gluon backward is also timed with its kernels' module consta
 generated source, e.g. `--configs "s3:_GLB_STAGES=3;q64:_GLBQ_SCHEDULE={64:(64,3,False),128:(64,3,False)}"`
 (label:NAME=VALUE NAME=VALUE...;..., values without spaces; each config's gradients checked like
 the others): the A/B of a kernel schedule before it becomes a default. A config with the word
-`+reduce` among its settings builds the dq-reduce form (kernel-path dq-reduce) instead.
+`+ordered` among its settings builds the ordered dQ form (kernel-path dq-reduce=false) instead.
 
 With --kernels, also the Gluon backward's time per kernel (torch.profiler's CUDA times of 20
 launches, per launch) in DIR/backward_kernels.md: which kernel to work on.
@@ -62,13 +63,14 @@ def main() -> None:
     ap.add_argument(
         "--configs", default="", help="label:NAME=VALUE NAME=VALUE [+reduce];... module constants to change (Gluon)"
     )
-    ap.add_argument("--no-reduce", action="store_true", help="leave out dQ by reduce-adds")
+    ap.add_argument("--no-ordered", action="store_true", help="leave out the ordered dQ kernel")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
+    ordered = dict(gluon_dq_reduce=False)
     builds = [("generic", dict(gluon=False), ()), ("gluon", {}, ())]
-    builds += [] if args.no_reduce else [("reduce", dict(gluon_dq_reduce=True), ())]
+    builds += [] if args.no_ordered else [("ordered", ordered, ())]
     builds += [
-        (label, dict(gluon_dq_reduce=True) if ("+reduce",) in subs else {}, tuple(x for x in subs if x != ("+reduce",)))
+        (label, ordered if ("+ordered",) in subs else {}, tuple(x for x in subs if x != ("+ordered",)))
         for label, subs in configs.items()
     ]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def main() -> None:
                     times[label] = triton.testing.do_bench(
                         lambda bwd=bwd, call=call: bwd.launch(*call), return_mode="median"
                     )
-                    if args.kernels and label not in ("generic", "reduce"):
+                    if args.kernels and label not in ("generic", "ordered"):
                         kernel_lines.append(f"| {shape} | {name} | {n} | {label} | {kernel_times(bwd, call)} |")
                         (args.out / "backward_kernels.md").write_text("\n".join(kernel_lines) + "\n")
                 errs = [

@@ -4,7 +4,9 @@
 
 - `backward_ab.png` from RESULTS_DIR/backward_ab.json (`backward_ab.py`): per shape, the Gluon
   backward's speed-up over the generic backward (generic ms / Gluon ms) per variant and N, with
-  dQ by the ordered kernel (the default) and by TMA reduce-adds (`dq-reduce`), and the 1.0 line.
+  dQ by TMA reduce-adds (`dq-reduce`, the default since 2026-12-03) and by the ordered kernel (in
+  files written before then, `gluon` was the ordered form and `reduce` the reduce-adds), and the
+  1.0 line.
 - `backward_vs_cudnn.png` from RESULTS_DIR/backward_quick.json (`bench_backward.py`): per shape,
   AttnFuse's fwd+bwd and backward-alone speed-up over the peer with cuDNN's attention (rope+cuDNN,
   normrope+cuDNN), per variant and N, and the issue's 1.0 target.
@@ -38,9 +40,12 @@ def plot_ab(rows: list[dict], out: Path) -> None:
     for ax, shape in zip(axes[0], shapes, strict=True):
         mine = [r for r in rows if r["shape"] == shape and r["ok"]]
         groups = [f"{r['variant']} {r['n']}" for r in mine]
+        old = any("reduce" in r["ms"] for r in mine)  # before dQ by reduce-adds was the default
+        forms = {"gluon": "ordered", "reduce": "reduce-adds"} if old else {"gluon": "reduce-adds", "ordered": "ordered"}
         series = {
-            "Gluon, ordered dQ (default)": [r["ms"]["generic"] / r["ms"]["gluon"] for r in mine],
-            "Gluon, dQ by reduce-adds": [r["ms"]["generic"] / r["ms"]["reduce"] for r in mine],
+            f"Gluon, dQ by {name}": [r["ms"]["generic"] / r["ms"][key] for r in mine]
+            for key, name in forms.items()
+            if all(key in r["ms"] for r in mine)
         }
         bars(ax, groups, series, f"{shape}: generic backward ms / Gluon backward ms")
     fig.suptitle("backward_ab.json (GPU and versions: backward_ab.md)", fontsize=8)
