@@ -180,3 +180,11 @@ def _tensors(nq: int, nk: int, offset: int = 0, contiguous: bool = True) -> list
 )
 def test_gluon_bwd_fits(nq: int, nk: int, offset: int, contiguous: bool, fits: bool) -> None:
     assert gluon_bwd_launch._gluon_bwd_fits(*_tensors(nq, nk, offset, contiguous), 2048) is fits
+
+
+def test_gluon_bwd_fits_needs_an_aligned_lse() -> None:
+    """lse reaches the dK/dV kernel by TMA: a view of it 4 bytes past an alignment is refused."""
+    *inputs, lse = _tensors(2048, 2048)
+    shifted = torch.zeros(lse.numel() + 1)[1:].view(lse.shape)
+    assert shifted.is_contiguous() and gluon_bwd_launch._gluon_bwd_fits(*inputs, lse, 2048)
+    assert not gluon_bwd_launch._gluon_bwd_fits(*inputs, shifted, 2048)

@@ -64,9 +64,10 @@ def _glb_rows_desc(x):
 
 def _gluon_bwd_fits(q, k, v, dout, lse, min_len):
     """Whether this backward call can take the Gluon kernels: Nq = Nk, a multiple of 128 and at
-    least min_len, a contiguous lse, and q, k, v, dout that are 16-byte aligned where contiguous
-    (TMA reads them as [rows, D] views; `_gluon_backward` copies the others, e.g. the Hugging
-    Face layout's transposed views). The compiler checked dtypes, head dims and the variant."""
+    least min_len, a contiguous, 16-byte aligned lse (the dK/dV kernel loads it by TMA), and q,
+    k, v, dout that are 16-byte aligned where contiguous (TMA reads them as [rows, D] views;
+    `_gluon_backward` copies the others, e.g. the Hugging Face layout's transposed views). The
+    compiler checked dtypes, head dims and the variant."""
     n = q.shape[2]
     return (n == k.shape[2] and n >= min_len and n % _GLB_KEYS == 0 and lse.is_contiguous() and lse.data_ptr() % 16 == 0
             and all(x.data_ptr() % 16 == 0 for x in (q, k, v, dout) if x.is_contiguous()))

@@ -51,8 +51,9 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
 - dK, dV and dQ leave from registers (dK scaled by `dk_scale`, in the dtype of the buffer given: the
   gradient's own, or fp32 for a K chain's kernel).
 Registers (ptxas, sm_90a, on the CPU): the dQ kernel and the D64 dK/dV kernel do not spill; the
-D128 dK/dV kernel spills about 100 bytes at the Llama shape (484 when its consumers loaded lse and
-delta themselves; benchmarks/NOTES.md, 2026-12-03, twelfth session).
+D128 dK/dV kernel spills about 100 bytes at the Llama shape without the reduce-adds (484 when its
+consumers loaded lse and delta themselves), about 530 with them (benchmarks/NOTES.md, 2026-12-03,
+twelfth session).
 """
 
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
