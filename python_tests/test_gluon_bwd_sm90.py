@@ -1,8 +1,8 @@
 """The sm90 Gluon backward (`attnfuse/targets/triton/gluon_bwd_sm90.py`) without a GPU: generated
 backward modules launch its dK/dV and dQ kernels with the variant's functions, and both compile
 for sm 90 (Triton's own compiler and ptxas, no driver) within Hopper's shared memory, with
-asynchronous wgmma, TMA loads and per-partition register budgets; dQ by TMA reduce-adds only
-where asked for. Its per-call check accepts exactly the calls it covers. Its gradients are
+asynchronous wgmma, TMA loads and per-partition register budgets; dQ by TMA reduce-adds (the
+default) or by the ordered dQ kernel. Its per-call check accepts exactly the calls it covers. Its gradients are
 test_gpu_gluon_bwd.py's (on the H200)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class _Capture:
         return lambda *args, **kwargs: self.calls.append((args, kwargs))
 
 
-# name -> (dtype, head dim, q/k ops, score ops, softmax, extras, dq-reduce)
+# name -> (dtype, head dim, q/k ops, score ops, softmax, extras, dq-reduce: the default; False: the ordered dQ)
 CASES = {
     "qknorm-rope-causal-d128-bf16": (
         torch.bfloat16,
@@ -41,7 +41,7 @@ CASES = {
         ["attn.mask {s} causal"],
         "",
         ["%wq: tensor<128xf32>", "%wk: tensor<128xf32>"],
-        False,
+        True,
     ),
     "softcap-window-d64-f16": (
         torch.float16,
@@ -50,7 +50,7 @@ CASES = {
         ["attn.softcap {s} cap = 50.0", "attn.mask {s} sliding_window(300)"],
         "",
         [],
-        False,
+        True,
     ),
     "alibi-causal-sink-d128-bf16": (
         torch.bfloat16,
@@ -59,10 +59,10 @@ CASES = {
         ["attn.bias {s} alibi(%sl : tensor<8xf32>)", "attn.mask {s} causal"],
         "sink(%sk : tensor<8xf32>)",
         ["%sl: tensor<8xf32>", "%sk: tensor<8xf32>"],
-        False,
+        True,
     ),
-    "custom-mask-d64-bf16": (torch.bfloat16, 64, [], [CUSTOM_MASK], "", ["%t: tensor<?xi32>"], False),
-    "rope-causal-d128-bf16-dq-reduce": (torch.bfloat16, 128, [ROPE], ["attn.mask {s} causal"], "", [], True),
+    "custom-mask-d64-bf16-ordered": (torch.bfloat16, 64, [], [CUSTOM_MASK], "", ["%t: tensor<?xi32>"], False),
+    "rope-causal-d128-bf16-ordered": (torch.bfloat16, 128, [ROPE], ["attn.mask {s} causal"], "", [], False),
 }
 
 
