@@ -5,9 +5,9 @@
 - `backward_ab.png` from RESULTS_DIR/backward_ab.json (`backward_ab.py`): per shape, the Gluon
   backward's speed-up over the generic backward (generic ms / Gluon ms) per variant and N, with
   dQ by TMA reduce-adds (`dq-reduce`, the default since 2026-12-03) and by the ordered kernel (in
-  files written before then, `gluon` was the ordered form and `reduce` the reduce-adds), and the
-  1.0 line.
-- `backward_vs_cudnn.png` from RESULTS_DIR/backward_quick.json (`bench_backward.py`): per shape,
+  files written before then, `gluon` was the ordered form and `reduce` the reduce-adds), any other
+  build of the file (`--configs` labels) as its own bars, and the 1.0 line.
+- `backward_vs_cudnn.png` from RESULTS_DIR/backward_quick.json, else backward.json (`bench_backward.py`): per shape,
   AttnFuse's fwd+bwd and backward-alone speed-up over the peer with cuDNN's attention (rope+cuDNN,
   normrope+cuDNN), per variant and N, and the issue's 1.0 target.
 Only rows that passed their correctness check are drawn. Needs matplotlib.
@@ -41,9 +41,16 @@ def plot_ab(rows: list[dict], out: Path) -> None:
         mine = [r for r in rows if r["shape"] == shape and r["ok"]]
         groups = [f"{r['variant']} {r['n']}" for r in mine]
         old = any("reduce" in r["ms"] for r in mine)  # before dQ by reduce-adds was the default
-        forms = {"gluon": "ordered", "reduce": "reduce-adds"} if old else {"gluon": "reduce-adds", "ordered": "ordered"}
+        forms = (
+            {"gluon": "the ordered kernel", "reduce": "reduce-adds"}
+            if old
+            else {"gluon": "reduce-adds (default)", "ordered": "the ordered kernel"}
+        )
+        forms |= {key: key for key in mine[0]["ms"] if key not in forms and key != "generic"} if mine else {}
         series = {
-            f"Gluon, dQ by {name}": [r["ms"]["generic"] / r["ms"][key] for r in mine]
+            f"Gluon, dQ by {name}" if key in ("gluon", "reduce", "ordered") else f"Gluon, {name}": [
+                r["ms"]["generic"] / r["ms"][key] for r in mine
+            ]
             for key, name in forms.items()
             if all(key in r["ms"] for r in mine)
         }
@@ -97,6 +104,7 @@ def main() -> None:
     if ab.exists():
         plot_ab(json.loads(ab.read_text()), args.results / "backward_ab.png")
     quick = args.results / "backward_quick.json"
+    quick = quick if quick.exists() else args.results / "backward.json"
     if quick.exists():
         plot_vs_cudnn(json.loads(quick.read_text()), args.results / "backward_vs_cudnn.png")
 
