@@ -12,18 +12,17 @@ a multiple of 128 or below `min-len`, unaligned data).
 resident, Q and dO streamed by a TMA producer warp, two consumer warpgroups) that also adds dQ's
 shares into an fp32 workspace by TMA reduce-adds (`dq = "reduce"`, option `dq-reduce`), or, with
 `dq-reduce=false` or under `torch.use_deterministic_algorithms(True)`, the dK/dV kernel and then an
-ordered dQ kernel (one program per 128 query rows, K and V streamed: bitwise reproducible), Q and
-K pre-rotated, their chains'
-derivatives in small kernels after them; the generic backward stays beside it for calls it does
-not cover. It takes every variant the Gluon forward takes, at head dims 64 and 128 (whatever
-`head-dims` says: that option is the forward's), for a function that asks for dq, dk and dv.
-Measured (H200, 2026-12-02, benchmarks/results/h200/run_2026-12-02_gluon_bwd/): 1.11-2.08x the
-generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softcap, at the Llama
-and the paper shapes. dQ by reduce-adds (FlashAttention-3's way, a writer warp issuing them; not
-bitwise reproducible) measured 1.01-1.11x the ordered dQ kernel's speed at the Llama shape and
-1.07-1.18x at the paper shape, N = 4096-16384 (run_2026-12-03_bwd_lse_tma), so it is the default.
-Min-len is `min-len` (a backward pre-rotates Q and K on both paths); below 2048 the Gluon backward
-was not measured.
+ordered dQ kernel (one program per 128 query rows, K and V streamed: bitwise reproducible), Q and K
+pre-rotated, their chains' derivatives in small kernels after them; the generic backward stays
+beside it for calls it does not cover. It takes every variant the Gluon forward takes, at head dims
+64 and 128 (whatever `head-dims` says: that option is the forward's), for a function that asks for
+dq, dk and dv. Measured (H200, 2026-12-02, benchmarks/results/h200/run_2026-12-02_gluon_bwd/):
+1.11-2.08x the generic backward at N = 4096 and 16384 for causal, RoPE+causal and window+softcap,
+at the Llama and the paper shapes. dQ by reduce-adds (FlashAttention-3's way, a writer warp issuing
+them; not bitwise reproducible) measured 1.01-1.11x the ordered dQ kernel's speed at the Llama
+shape and 1.07-1.18x at the paper shape, N = 4096-16384 (run_2026-12-03_bwd_lse_tma), so it is the
+default. Min-len is `min-len` (a backward pre-rotates Q and K on both paths); below 2048 the Gluon
+backward was not measured.
 
 `decode` (option `decode`): a forward compiled for decoding against a KV cache
 (`Variant.decode`): a split-KV (flash-decoding) kernel over the cache, all query heads of one KV

@@ -7,7 +7,7 @@ kernel (a counting wrapper around `_gluon_backward`) and its gradients of q, k, 
 extra that has one match float64 autograd of the reference executor, as relative L2 errors
 (`test_gpu_grad.GRAD_TOL`). Calls the Gluon kernel does not cover (N not a multiple of 128,
 Nq != Nk) take the generic kernels of the same module and are checked too; transposed views
-(the Hugging Face layout) take the Gluon kernels after a copy. Lengths of one to five blocks of
+(the Hugging Face layout) take the Gluon kernels, read in place. Lengths of one to five blocks of
 keys and Nk - Nq at offsets across a tile are swept. dQ comes by TMA reduce-adds (kernel-path
 `dq-reduce`, the default); the ordered dQ kernel (`dq-reduce=false`, and what a call under
 `torch.use_deterministic_algorithms` takes) is as accurate and gives bitwise equal gradients run
