@@ -2,8 +2,8 @@
 backward modules launch its dK/dV and dQ kernels with the variant's functions, and both compile
 for sm 90 (Triton's own compiler and ptxas, no driver) within Hopper's shared memory, with
 asynchronous wgmma, TMA loads and per-partition register budgets; dQ by TMA reduce-adds (the
-default) or by the ordered dQ kernel. Its per-call check accepts exactly the calls it covers. Its gradients are
-test_gpu_gluon_bwd.py's (on the H200)."""
+default) or by the ordered dQ kernel. Its per-call check accepts exactly the calls it covers. Its
+gradients are test_gpu_gluon_bwd.py's (on the H200)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class _Capture:
         return lambda *args, **kwargs: self.calls.append((args, kwargs))
 
 
-# name -> (dtype, head dim, q/k ops, score ops, softmax, extras, dq-reduce: the default; False: the ordered dQ)
+# name -> (dtype, head dim, q/k ops, score ops, softmax, extras, dq-reduce: True as by default, False ordered)
 CASES = {
     "qknorm-rope-causal-d128-bf16": (
         torch.bfloat16,
