@@ -125,6 +125,25 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
         assert "cp.reduce.async.bulk" not in ptx and "atom.global" not in ptx and "red.global" not in ptx  # ordered
 
 
+def test_deterministic_algorithms_take_the_ordered_dq_kernel(tmp_path) -> None:
+    """By default the dK/dV kernel adds dQ's shares up by TMA reduce-adds (not bitwise
+    reproducible); a call under `torch.use_deterministic_algorithms(True)` takes the ordered dQ
+    kernel after it instead, with the same module."""
+    ir = variant(dtype=torch.float16, hq=4, hkv=2, d=64, score_ops=["attn.mask {s} causal"])
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2)).source
+    module, kernels, _ = _capturing(source, tmp_path)
+    q, out, dout = (torch.zeros(1, 4, 256, 64, dtype=torch.float16) for _ in range(3))
+    k, v = torch.zeros(1, 2, 256, 64, dtype=torch.float16), torch.zeros(1, 2, 256, 64, dtype=torch.float16)
+    module.launch(q, k, v, out, torch.zeros(1, 4, 256), dout)
+    torch.use_deterministic_algorithms(True)
+    try:
+        module.launch(q, k, v, out, torch.zeros(1, 4, 256), dout)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert [kw["DQ"] for _, kw in kernels["attn_bwd_sm90"].calls] == [True, False]
+    assert len(kernels["attn_bwd_dq_sm90"].calls) == 1  # the deterministic call's only
+
+
 @pytest.mark.parametrize(
     "rope,reduce", [(False, False), (True, False), (True, True)], ids=["causal", "rope-causal", "rope-causal-dq-reduce"]
 )
