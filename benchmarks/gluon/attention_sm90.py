@@ -75,7 +75,9 @@ LOG2E = 1.4426950408889634
 def _tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """The compiler kernel's tile (`_gl_tile`, no hooks) as v1-v3 walk it, from block 0 with no
     peeled first block: blocks [0, n_full) unmasked, [n_full, n_total) on the causal diagonal."""
-    off_hz, pid_m, q_row0, kv_row0, j0, a, b, n_total = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, None)
+    off_hz, pid_m, j0, a, b, n_total = _gl_tile(N, BLOCK_M, BLOCK_N, CAUSAL, None)
+    q_row0 = off_hz * N + pid_m * BLOCK_M  # first Q and K/V rows of the contiguous [rows, D] views
+    kv_row0 = (off_hz // GROUP) * N
     if CAUSAL:
         n_full = (pid_m * BLOCK_M) // BLOCK_N
     else:

@@ -104,16 +104,14 @@ _GL_LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, RANGE: gl.constexpr):
-    """This program's batch*head, Q tile (heaviest first), first Q and K/V rows in the
-    flattened [rows, D] views, and its KV blocks (for the tile's rows below N): it visits
+def _gl_tile(N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, RANGE: gl.constexpr):
+    """This program's batch*head, Q tile (heaviest first) and its KV blocks (for the tile's
+    rows below N; where a row is in a descriptor's view: `_gl_at`): it visits
     blocks [j0, j_end); block j0 and blocks [j0 + 1, a) and [b, j_end) are masked, blocks
     [a, b) need no mask. Without a RANGE hook the mask is causal or none; with one,
     RANGE(q_lo, q_hi, N) gives the keys some query of the tile keeps, [lo, hi), and those every
     query keeps, [full_lo, full_hi)."""
     off_hz, pid_m = _gl_tile_order()
-    q_row0 = off_hz * N + pid_m * BLOCK_M
-    kv_row0 = (off_hz // GROUP) * N
     q_last = gl.minimum(pid_m * BLOCK_M + BLOCK_M, N) - 1  # a last tile may end past N (192-row tiles)
     if RANGE is not None:
         lo, f_lo, f_hi, hi = RANGE(pid_m * BLOCK_M, q_last, N)
@@ -128,7 +126,7 @@ def _gl_tile(N, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.
         a = 1
         b = N // BLOCK_N
         j_end = b
-    return off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end
+    return off_hz, pid_m, j0, a, b, j_end
 
 
 @gluon.jit
@@ -360,7 +358,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_N, 256 // BITS])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, HEAD_D, 256 // BITS])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=32 // BITS)
-    off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
+    off_hz, pid_m, j0, a, b, j_end = _gl_tile(N, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     fp8 = _gl_fp8_setup(fp8_scales, off_hz, GROUP, pid_m * BLOCK_M + ROW0)
     unit = 1.0
     q_tile = q_smem.index(WG)
@@ -439,7 +437,7 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL: gl.constexpr,
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     V_T: gl.constexpr = fp8_scales is not None
-    off_hz, pid_m, q_row0, kv_row0, j0, a, b, j_end = _gl_tile(N, GROUP, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
+    off_hz, pid_m, j0, a, b, j_end = _gl_tile(N, BLOCK_M, BLOCK_N, CAUSAL, RANGE)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes * Q_BOXES)
     for r in gl.static_range(Q_BOXES):  # a box wholly past the tensor's end lands as zeros
         q_row, q_col = _gl_at(INNER[0], off_hz, HEADS, N, pid_m * BLOCK_M + r * q_desc.block_type.shape[0], HEAD_D)
@@ -451,7 +449,7 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL: gl.constexpr,
         if V_T:  # channel-major V (FP8): block [D, BLOCK_N] at the head's channels and the block's keys
             slot = i % STAGES
             mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [(kv_row0 // N) * HEAD_D, (j0 + i) * BLOCK_N],
+            tma.async_copy_global_to_shared(v_desc, [(off_hz // GROUP) * HEAD_D, (j0 + i) * BLOCK_N],
                                             v_bars.index(slot), v_smem.index(slot))
         else:
             v_row, v_col = _gl_at(INNER[2], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
