@@ -559,9 +559,10 @@ def compile_one(ver: Version, dtype_name: str, head_d: int, causal: bool):
         sig |= {name: "constexpr" for name in V4_ABSENT[3:5]} | {"qk_scale": "fp32", "mult": "fp32"}
         sig |= {"fp8_scales": "constexpr"}
         sig |= {"N": "i32", "GROUP": "i32", "HEADS": "i32", "XARGS": (), "CAUSAL": "constexpr", "STAGES": "constexpr"}
-        sig |= {name: "constexpr" for name in V4_HOOKS}
+        sig |= {name: "constexpr" for name in V4_HOOKS} | {"INNER": "constexpr"}
         constexprs |= {(name,): None for name in V4_ABSENT}
         constexprs |= {(name,): value for name, value in V4_HOOKS.items()}
+        constexprs |= {("INNER",): (False,) * 4}  # contiguous q, k, v and out, as `prepare` gives them
     names = list(sig)
     src = GluonASTSource(ver.kernel, sig, constexprs={(names.index(k[0]),): v for k, v in constexprs.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ver.num_warps})
