@@ -392,26 +392,22 @@ class BackwardLowering(KernelLowering):
             ops.append(alloc_like("q_rot", q, self.hq, self.d, self.dtype))
         if "rotate_k" in rotated:
             ops.append(alloc_like("k_rot", k, self.hkv, self.d, self.kdtype))
-        ordered = self.ordered_grads()
+        # The gradients laid out in their input's dimension order, as PyTorch's SDPA lays out its
+        # own (the gradient of a transposed view, as transformers hands q, k and v over, is then a
+        # view of a contiguous tensor for the layers before, not a copy): the kernels store them
+        # with strides.
         if self.need_dq:
-            ops.append(alloc_like("dq", q, self.hq, self.d, self.dtype, "dq" in ordered))
+            ops.append(alloc_like("dq", q, self.hq, self.d, self.dtype, ordered=True))
         if self.need_dk:
-            ops.append(alloc_like("dk", k, self.hkv, self.d, self.kdtype, "dk" in ordered))
+            ops.append(alloc_like("dk", k, self.hkv, self.d, self.kdtype, ordered=True))
         if self.need_dv:
-            ops.append(alloc_like("dv", v, self.hkv, self.dv, self.vdtype, "dv" in ordered))
+            ops.append(alloc_like("dv", v, self.hkv, self.dv, self.vdtype, ordered=True))
         ops += self.partial_buffers(calls, f"{q}.device")
         ops += self.rope_host_ops(f"{q}.device")
         for c in calls:
             ops.append(call_op(c))
         ops += self.gradients_returned()
         return tl.LauncherOp("launch", self.launcher_params(), ops)
-
-    def ordered_grads(self) -> set[str]:
-        """The gradients laid out in their input's dimension order, as PyTorch's SDPA lays out
-        its own (the gradient of a transposed view, as transformers hands q, k and v over, is then
-        a view of a contiguous tensor for the layers before, not a copy): every one, as the
-        kernels store them with strides."""
-        return {"dq", "dk", "dv"}
 
     def launcher_params(self) -> list[str]:
         """The launcher's parameters: the function's arguments (q, k, v, extras, out, lse, dout)."""
