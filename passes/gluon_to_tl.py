@@ -114,8 +114,7 @@ class GluonLowering(ForwardLowering):
         rope, norm = None, None
         for op in self.chains.q_chain:
             if isinstance(op, attn.RopeOp):
-                per_call = op.positions is not None or op.inv_freq is not None
-                cos, sin = (self.qk.call_table if per_call else self.qk.rope_tables)(Params(), op)
+                cos, sin = self.qk.trig_tables(Params(), op)
                 rows = "0"
                 if op.positions is not None and len(cast(TensorType, op.positions.type).get_shape()) == 2:
                     rows = f"{self.host_name(op.positions)}.shape[1]"

@@ -116,6 +116,13 @@ class QKTransforms:
             p.param(f"{key}_sin", tl.PointerType(f32), f"{key}_sin"),
         )
 
+    def trig_tables(self, p: Params, op: attn.RopeOp | attn.RopeGradOp) -> tuple[SSAValue, SSAValue]:
+        """Pointers to the cos and sin tables a rope reads: per call (`call_table`) at explicit
+        positions or with an inv_freq operand, else by position (`rope_tables`)."""
+        if op.positions is not None or op.inv_freq is not None:
+            return self.call_table(p, op)
+        return self.rope_tables(p, op)
+
     def hadamard(self, kb: KernelBuilder, p: Params, op: attn.HadamardOp, x: SSAValue, tokens_first: bool) -> SSAValue:
         """x @ M for a [tokens, D] tile (Mᵀ @ x for its transpose), M = diag(signs) H / sqrt(D)
         attn.hadamard's matrix, to about fp32's accuracy: the signed tile, scaled per token by a
@@ -281,10 +288,7 @@ class QKTransforms:
         first = kb.cmp("==", kb.rem(offs_d, 2), 0) if interleaved else kb.cmp("<", offs_d, half)
         sign = kb.where(first, 1.0 if inverse else -1.0, -1.0 if inverse else 1.0, hint=f"{prefix}_sign")
         rotated = kb.cmp("<", offs_d, r)
-        if op.positions is not None or op.inv_freq is not None:
-            cos_ptr, sin_ptr = self.call_table(p, op)
-        else:
-            cos_ptr, sin_ptr = self.rope_tables(p, op)
+        cos_ptr, sin_ptr = self.trig_tables(p, op)
         tok_sign = None
         if signed_pos and op.positions is None:  # a position, negative for queries before key 0
             tok_sign = tok_axis(kb.where(kb.cmp("<", pos, 0), -1.0, 1.0))
