@@ -15,9 +15,8 @@ launcher that chooses per call between the two.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
-from xdsl.dialects.builtin import TensorType, f32, i32
+from xdsl.dialects.builtin import f32, i32
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import DiagnosticException
 
@@ -115,10 +114,8 @@ class GluonLowering(ForwardLowering):
         for op in self.chains.q_chain:
             if isinstance(op, attn.RopeOp):
                 cos, sin = self.qk.trig_tables(Params(), op)
-                rows = "0"
-                if op.positions is not None and len(cast(TensorType, op.positions.type).get_shape()) == 2:
-                    rows = f"{self.host_name(op.positions)}.shape[1]"
-                rope = (cos.name_hint or "", sin.name_hint or "", rows)
+                rows = self.sequence_tokens(op.positions) if op.positions is not None else None
+                rope = (cos.name_hint or "", sin.name_hint or "", rows or "0")
             elif isinstance(op, attn.NormOp):
                 weight = self.host_name(op.weight) if op.weight is not None else None
                 norm = (weight, op.eps.value.data)

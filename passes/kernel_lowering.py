@@ -224,13 +224,19 @@ class KernelLowering:
         rope = next((op for op in chain if isinstance(op, attn.RopeOp)), None)
         if rope is None or rope.positions is None:
             return default
-        t = rope.positions.type
-        assert isinstance(t, TensorType)
-        if len(t.get_shape()) == 1:
+        tokens = self.sequence_tokens(rope.positions)
+        if tokens is None:
             return rows
-        name = self.host_name(rope.positions)
-        n = p.param(f"{name}_n", i32, f"{name}.shape[1]")
+        n = p.param(f"{self.host_name(rope.positions)}_n", i32, tokens)
         return kb.add(kb.mul(kb.cast(b_off, i32), n), rows, hint="pos_tok")
+
+    def sequence_tokens(self, positions: SSAValue) -> str | None:
+        """The launcher's expression for the tokens per sequence of a [B, N] positions tensor
+        (token b * N + n is row n of sequence b in its per-call tables); None for [N] positions,
+        shared by the batch."""
+        t = positions.type
+        assert isinstance(t, TensorType)
+        return f"{self.host_name(positions)}.shape[1]" if len(t.get_shape()) == 2 else None
 
     def rope_host_ops(self, device: str, length: str | None = None) -> list[Operation]:
         """The launcher's RoPE tables (positions 0..`length` - 1, by default max(Nq, Nk) - 1),
@@ -267,8 +273,9 @@ class KernelLowering:
         if t.positions is not None:
             name = self.host_name(t.positions)
             pt = self.tensor(p, t.positions)
-            if len(pt.strides) == 2:
-                n = p.param(f"{name}_n", i32, f"{name}.shape[1]")
+            tokens = self.sequence_tokens(t.positions)
+            if tokens is not None:
+                n = p.param(f"{name}_n", i32, tokens)
                 b, r = kb.cast(kb.floordiv(tok, n), i64), kb.cast(kb.rem(tok, n), i64)
                 off = kb.add(kb.mul(b, pt.strides[0]), kb.mul(r, pt.strides[1]))
             else:
