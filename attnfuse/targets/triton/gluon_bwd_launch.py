@@ -7,7 +7,7 @@ is an ordinary module, tested on the CPU with the kernels captured instead of la
 
 A call builds the kernels' TMA descriptors (q, k, v and dO as 2-D views, contiguous or in
 transformers' layout, `_gl_view`; the fp32 dQ workspace) and launches the binaries compiled for
-what Triton specialises them on (`_glb_spec`), Triton's launch path the first time and the
+what Triton specialises them on (`_gl_spec`), Triton's launch path the first time and the
 binary directly after.
 """
 
@@ -28,7 +28,7 @@ from attnfuse.targets.triton.gluon_bwd_sm90 import (
     attn_bwd_dq_sm90,
     attn_bwd_sm90,
 )
-from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_view
+from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_spec, _gl_view
 from attnfuse.targets.triton.prelude import _gl_inner
 
 # fmt: off
@@ -79,15 +79,6 @@ def _gl_deterministic():
     return torch.are_deterministic_algorithms_enabled()
 
 
-def _glb_spec(x):
-    """What Triton specialises a kernel argument on (a direct-binary launch must match)."""
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.data_ptr() % 16 == 0
-    if isinstance(x, bool) or not isinstance(x, int):
-        return type(x)
-    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
-
-
 def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, xargs=(), reduce_dq=False):
     """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
     `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
@@ -119,8 +110,8 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
             desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), _glb_rows_desc(lse),
             _glb_rows_desc(delta), dk, dv, float(dk_scale), n, group, hq, xargs)
-    spec = (q.device.index, q.dtype, d, hooks, _glb_spec(group), _glb_spec(n), _glb_spec(hq), inner,
-            tuple(_glb_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_glb_spec(x) for x in xargs))
+    spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq), inner,
+            tuple(_gl_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_gl_spec(x) for x in xargs))
     key = ("dkdv", reduce_dq, dk.dtype, *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary

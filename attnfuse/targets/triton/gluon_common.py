@@ -5,8 +5,10 @@ backward, decode or FP8 kernel takes them from here rather than copying them.
 
 Generated modules that launch a Gluon kernel carry this file's code before the kernel's
 (`printer.gluon_source`), from its first `triton.experimental` import on, so it imports
-only Triton and defines only `@gluon.jit` functions (names `_gl_*`) and the two host functions
-that describe a tensor to them as a TMA descriptor (`_gl_view`, `_gl_desc`).
+only Triton (and torch, which generated modules import before it) and defines only `@gluon.jit`
+functions (names `_gl_*`) and three host functions: two that describe a tensor to them as a TMA
+descriptor (`_gl_view`, `_gl_desc`) and the key of what Triton specialised a binary on
+(`_gl_spec`).
 
 - Tile order (`_gl_tile_order`, `_gl_block_classes`): one program per (batch*head, tile) on a
   (B*H, tiles) grid, the heaviest tiles (the last, under a causal mask) launched first; the
@@ -36,6 +38,7 @@ that describe a tensor to them as a TMA descriptor (`_gl_view`, `_gl_desc`).
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
 # Python that a static type checker can follow; pyright skips this file.
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin as _gl_builtin
@@ -195,3 +198,14 @@ def _gl_desc(t, width, rows, cols, layout):
     """A TMA descriptor of t's [-1, width] view in boxes of [rows, cols]."""
     flat = t.view(-1, width)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols], layout)
+
+
+def _gl_spec(x):
+    """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment,
+    an integer's being 1, a multiple of 16 or beyond int32 (a direct-binary launch must match
+    them)."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.data_ptr() % 16 == 0
+    if isinstance(x, bool) or not isinstance(x, int):
+        return type(x)
+    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31

@@ -20,7 +20,7 @@ import functools
 import torch
 from triton.experimental.gluon import language as gl
 
-from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_view
+from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_spec, _gl_view
 from attnfuse.targets.triton.gluon_sm90 import _GL_BLOCK, _GL_LOG2E, _gl_consumers, _gl_kv_rows, attn_fwd_sm90
 from attnfuse.targets.triton.prelude import _c_options, _driver, _gl_inner, _hooked
 
@@ -49,17 +49,6 @@ def _gluon_fits(q, k, v, min_len):
     n = q.shape[2]
     return (n == k.shape[2] and n >= min_len and n % _GL_BLOCK == 0
             and q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
-
-
-def _gl_spec(x):
-    """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment,
-    an integer's being 1, a multiple of 16 or beyond int32 (a direct-binary launch must match
-    them)."""
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.data_ptr() % 16 == 0
-    if isinstance(x, bool) or not isinstance(x, int):
-        return type(x)
-    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
 
 
 def _gluon_attention(q, k, v, out, lse, qk_scale, causal, sink=None, hooks=None, xargs=(), natural=False,
