@@ -1,12 +1,14 @@
 """The sm90 Gluon forward's consumer schedules (issue 22, items 1-3), against the generic Triton
 kernel and SDPA cuDNN, in one process.
 
-    python benchmarks/gluon/consumers_ab.py --out DIR [--head-dim 64|256] [--ns 2048,4096,8192,16384]
+    python benchmarks/gluon/consumers_ab.py --out DIR [--head-dim 64|128|256] [--ns 2048,4096,8192,16384]
+        [--schedules 3wg,2wg]
 
-Head dim 64: the paper shape (B 4, H 12, fp16); head dim 256: Gemma-2-9B's (B 1, Hq 16, Hkv 8,
-bf16). Plain causal and RoPE + causal. Each variant's module is compiled once with kernel-path
-head-dims 64,128,256 and run with the Gluon kernel's consumer schedule set per row
-(`_GL_CONSUMERS[d]` of the loaded module: (warpgroups, ping-pong), at every N), and
+Head dim 64: the paper shape (B 4, H 12, fp16); 128: Llama-3-8B's (B 1, Hq 32, Hkv 8, bf16);
+256: Gemma-2-9B's (B 1, Hq 16, Hkv 8, bf16). Plain causal and RoPE + causal. Each variant's
+module is compiled once with kernel-path head-dims 64,128,256 and run with the Gluon kernel's
+consumer schedule set per row (`_GL_CONSUMERS[d]` of the loaded module: (warpgroups,
+ping-pong), at every N; --schedules: a subset), and
 kernel-path's min-len lowered to 512 so that short N take the Gluon kernel too; the
 generic row is the same variant compiled with gluon=false. SDPA cuDNN computes plain causal (for
 RoPE + causal: after a RoPE compiled per shape, `dynamic=False`). Every output is checked against
@@ -37,10 +39,11 @@ from attnfuse.compiler import compile_module  # noqa: E402
 from attnfuse.ir import parse_module  # noqa: E402
 
 CAUSAL = "attn.mask {s} causal"
-SHAPES = {64: (4, 12, 12, torch.float16), 256: (1, 16, 8, torch.bfloat16)}
+SHAPES = {64: (4, 12, 12, torch.float16), 128: (1, 32, 8, torch.bfloat16), 256: (1, 16, 8, torch.bfloat16)}
 """Per head dim: batch, Hq, Hkv, dtype."""
 SCHEDULES = {
     64: {"3wg": (3, False), "3wg_pingpong": (3, True), "2wg": (2, False), "2wg_pingpong": (2, True)},
+    128: {"2wg_pingpong": (2, True), "2wg": (2, False)},
     256: {"2wg_pingpong": (2, True), "2wg": (2, False), "1wg": (1, False)},
 }
 
@@ -54,7 +57,7 @@ def _rope(q, k, cos, sin):
     return C.rope_half(q, cos, sin), C.rope_half(k, cos, sin)
 
 
-def case(name: str, pieces: dict, d: int, n: int, rope, folder: Path) -> dict:
+def case(name: str, pieces: dict, d: int, n: int, rope, folder: Path, schedules: dict) -> dict:
     """Times (ms) and differences of one variant at head dim d and length n: the generic kernel,
     each schedule, and cuDNN (after a compiled RoPE for a RoPE variant)."""
     b, hq, hkv, dtype = SHAPES[d]
@@ -78,7 +81,7 @@ def case(name: str, pieces: dict, d: int, n: int, rope, folder: Path) -> dict:
     ref = gen.launch(q, k, v)[0]
     ms = {"generic": triton.testing.do_bench(lambda: gen.launch(q, k, v), return_mode="median")}
     err = {}
-    for label, schedule in SCHEDULES[d].items():
+    for label, schedule in schedules.items():
         glu._GL_CONSUMERS[d] = schedule
         glu._GL_CONSUMERS_SHORT.clear()  # this schedule at every N
         glu._GL_BINARIES.clear()
@@ -100,8 +103,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--head-dim", type=int, default=64, choices=sorted(SHAPES))
     ap.add_argument("--ns", default="2048,4096,8192,16384")
+    ap.add_argument("--schedules", default="", help="labels of SCHEDULES[head dim] to run (default: all)")
     args = ap.parse_args()
-    d, schedules = args.head_dim, SCHEDULES[args.head_dim]
+    d = args.head_dim
+    labels = args.schedules.split(",") if args.schedules else list(SCHEDULES[d])
+    if unknown := sorted(set(labels) - set(SCHEDULES[d])):
+        ap.error(f"--schedules: {unknown} not among head dim {d}'s {sorted(SCHEDULES[d])}")
+    schedules = {label: SCHEDULES[d][label] for label in labels}
     b, hq, hkv, dtype = SHAPES[d]
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp())
@@ -122,7 +130,7 @@ def main() -> None:
     )
     for name, pieces in variants(d).items():
         for n in (int(x) for x in args.ns.split(",")):
-            row = case(name, pieces, d, n, rope, folder)
+            row = case(name, pieces, d, n, rope, folder, schedules)
             rows.append(row)
             ms, err = row["ms"], row["max_abs_vs_generic"]
             flops = 4 * b * hq * d * n * (n + 1) / 2
