@@ -15,6 +15,7 @@ as it was before the holder took the lock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -44,6 +45,8 @@ def load_module(path: str | Path, *, interpret: bool, name: str | None = None) -
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot import generated kernel {path}")
+    if interpret:
+        _drop_dead_overflow_checks()
     global _import_env
     with _import_lock:
         old = _import_env = os.environ.get("TRITON_INTERPRET")
@@ -62,6 +65,23 @@ def load_module(path: str | Path, *, interpret: bool, name: str | None = None) -
     if not callable(getattr(module, "launch", None)):
         raise RuntimeError(f"generated kernel {path} defines no launch(...) function")
     return module
+
+
+def _drop_dead_overflow_checks() -> None:
+    """Triton's interpreter builds an int32 overflow check around every integer add, sub and
+    mul of a kernel (both operands cast to int64, the operation again, two comparisons) and
+    then drops it: its assert is emitted only with `debug`, which the interpreter's options
+    leave off. That arithmetic is about a third of an interpreted kernel's time; with the
+    check's option off too, the interpreter skips it, and nothing a kernel computes or checks
+    changes. Left alone where the assert would run (debug on) or Triton's interpreter differs."""
+    try:
+        from triton.runtime import interpreter
+
+        options = interpreter.interpreter_builder.options
+        if options.sanitize_overflow and not options.debug:
+            interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    except (ImportError, AttributeError, TypeError):
+        pass
 
 
 _SOURCES: dict[tuple[str, bool], ModuleType] = {}

@@ -279,6 +279,23 @@ def test_load_module_rejects_a_module_without_launch(tmp_path):
         cache.load_module(path, interpret=True)
 
 
+def test_interpreted_modules_skip_the_overflow_checks_that_the_interpreter_drops(tmp_path, monkeypatch):
+    """Loading a module for the interpreter turns off the int32 overflow checks' arithmetic,
+    whose assert the interpreter drops (debug off), and leaves them where it would run."""
+    from triton.runtime import interpreter
+
+    path = tmp_path / "kernel.py"
+    path.write_text("def launch():\n    pass\n")
+    builder = interpreter.interpreter_builder
+    for debug, kept in ((False, False), (True, True)):
+        monkeypatch.setattr(builder, "options", interpreter.InterpreterOptions(debug=debug))
+        cache.load_module(path, interpret=True, name=f"overflow_checks_{debug}")
+        assert builder.options.sanitize_overflow is kept and builder.options.debug is debug
+    monkeypatch.setattr(builder, "options", interpreter.InterpreterOptions())
+    cache.load_module(path, interpret=False, name="overflow_checks_compiled")
+    assert builder.options.sanitize_overflow  # compiled kernels: Triton's own options
+
+
 def test_a_launch_that_needs_too_much_shared_memory_takes_fewer_stages():
     """The generated `_launch` retries with fewer pipeline stages where Triton says the kernel
     needs more shared memory than the GPU has (seen on the H200: a custom-mask fallback kernel
