@@ -71,7 +71,7 @@ def _drop_dead_overflow_checks() -> None:
     """Triton's interpreter builds an int32 overflow check around every integer add, sub and
     mul of a kernel (both operands cast to int64, the operation again, two comparisons) and
     then drops it: its assert is emitted only with `debug`, which the interpreter's options
-    leave off. That arithmetic is about a third of an interpreted kernel's time; with the
+    leave off. That arithmetic is a quarter to a third of an interpreted kernel's time; with the
     check's option off too, the interpreter skips it, and nothing a kernel computes or checks
     changes. Left alone where the assert would run (debug on) or Triton's interpreter differs."""
     try:
