@@ -7,6 +7,8 @@ gradients are test_gpu_gluon_bwd.py's (on the H200)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from kernel_harness import CUSTOM_MASK, compile_for_sm90, variant
@@ -115,6 +117,10 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     assert 0 < binary.metadata.shared <= HOPPER_SMEM
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
+    # Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 x 64 products) take K and V from registers at head dim 64
+    # (every such product's first operand a register list), from shared memory at 128 (a descriptor)
+    square = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx))
+    assert square == ({"{"} if d == 64 else {"%rd"})
     if not reduce:
         ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
         assert dq_kwargs["RANGE"] is module.gluon_bwd_kv_range

@@ -34,7 +34,8 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
   instead, this kernel took 4-14% longer at the Llama shape and the whole backward 10-12% longer
   at the paper shape: H200, 2026-12-03). Two 4-warp consumer warpgroups each own 64 of the keys,
   their dK and dV accumulators in registers: per block Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (asynchronous
-  wgmmas from shared memory), (P, dS) by the hook, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and
+  wgmmas; at head dim 64 their K and V rows in registers, `_GLB_KV_REGS`, else all from shared
+  memory), (P, dS) by the hook, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and
   dSᵀ from registers. With `reduce_dq` (the default), also dQ's share dS K, split by columns as
   FlashAttention-3 splits it: both consumers store their dSᵀ into one shared [128 keys, 64 rows]
   buffer (two, by step parity) and meet at an mbarrier, then each multiplies all of it by its
@@ -86,6 +87,12 @@ from attnfuse.targets.triton.gluon_common import (
 )
 
 # fmt: off
+_GLB_KV_REGS = gl.constexpr(64)
+# Up to this head dim the dK/dV kernel's consumers hold their rows of K and V in registers, as
+# the first operands of Sᵀ and dPᵀ, which then read only Q and dO from shared memory. H200, paper
+# shape (D 64): the backward 1.01-1.05x as fast at N = 4096 and 1.03x at 16384; at D 128 the
+# registers spill (about 1 KB with K alone) and it ran 1.28-1.36x slower (benchmarks/NOTES.md,
+# 2026-12-04).
 _GLB_KEYS = 128  # keys per program: two consumer warpgroups of 64
 _GLB_ROWS = 64  # query rows per step
 _GLB_STAGES = 2
@@ -200,6 +207,11 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS, XA
     mbarrier.wait(kv_bar, 0)
     k_w = k_smem.slice(KEYS * WG, KEYS)
     v_w = v_smem.slice(KEYS * WG, KEYS)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    if HEAD_D <= _GLB_KV_REGS:
+        k_w = k_w.load(a_layout)
+        v_w = v_w.load(a_layout)
     t = 0
     for g in range(GROUP):
         off_hz = off_bk * GROUP + g
