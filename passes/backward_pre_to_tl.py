@@ -3,6 +3,7 @@ per query row and, for a learned sink, each program's share of the sink's gradie
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xdsl.dialects.builtin import f32, i32, i64
@@ -15,6 +16,18 @@ if TYPE_CHECKING:
     from attnfuse.passes.backward_to_tl import BackwardLowering
 
 
+@dataclass(frozen=True)
+class PreConfig:
+    """Launch shape of `attn_bwd_pre`: `block` query rows per program (also the sink gradient's
+    shares per row of programs), `num_warps` warps."""
+
+    block: int = 64
+    num_warps: int = 4
+
+
+PRE = PreConfig()
+
+
 def pre_kernel(bl: BackwardLowering) -> KernelCall:
     """`attn_bwd_pre`: delta = rowsum(dout * out); with a sink, each program's share of
     -sum(exp(sink - lse) * delta)."""
@@ -25,7 +38,7 @@ def pre_kernel(bl: BackwardLowering) -> KernelCall:
     do = bl.typed_tensor(p, "dout", dout_name, bl.dtype)
     delta_ptr = p.param("Delta", tl.PointerType(f32), "delta")
     nq = p.param("NQ", i32, f"{out_name}.shape[2]")
-    block = p.param("BLOCK", i32, "64", constexpr=True)
+    block = p.param("BLOCK", i32, str(PRE.block), constexpr=True)
     pid_m = kb.emit(tl.ProgramIdOp(0), "pid_m")
     pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
     b_off = kb.cast(kb.floordiv(pid_bh, bl.hq), i64, hint="b_off")
@@ -50,5 +63,5 @@ def pre_kernel(bl: BackwardLowering) -> KernelCall:
         programs = kb.add(kb.mul(kb.cast(pid_bh, i64), kb.emit(tl.NumProgramsOp(0))), kb.cast(pid_m, i64))
         kb.store(kb.add(part_ptr, programs), kb.sub(0.0, kb.reduce("sum", share, 0)))
     p.block.add_op(tl.ReturnOp())
-    grid = [f"_cdiv({out_name}.shape[2], 64)", f"{out_name}.shape[0] * {bl.hq}"]
-    return KernelCall(bl.kernel("attn_bwd_pre", p), p, grid, 4, 1)
+    grid = [f"_cdiv({out_name}.shape[2], {PRE.block})", f"{out_name}.shape[0] * {bl.hq}"]
+    return KernelCall(bl.kernel("attn_bwd_pre", p), p, grid, PRE.num_warps, 1)

@@ -42,6 +42,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from attnfuse.dialects import attn, tl
 from attnfuse.dialects.attn import LOG2E
 from attnfuse.dialects.tl import dtype_name
+from attnfuse.passes import backward_pre_to_tl
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_dkdv_to_tl import dkdv_kernel
 from attnfuse.passes.backward_dq_to_tl import dq_kernel
@@ -420,7 +421,7 @@ class BackwardLowering(KernelLowering):
         ops: list[Operation] = []
         sink_grad = self.plan.sink_grad
         if sink_grad is not None and self.plan.needs(sink_grad.dsink):
-            shape = [f"{out}.shape[0]", str(self.hq), f"_cdiv({out}.shape[2], 64)"]
+            shape = [f"{out}.shape[0]", str(self.hq), f"_cdiv({out}.shape[2], {backward_pre_to_tl.PRE.block})"]
             ops.append(tl.AllocOp("dsink_part", shape, "torch.float32", device))
         for part in self.partials:
             call = next(c for c in calls if part in c.params.host)

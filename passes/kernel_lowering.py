@@ -42,10 +42,13 @@ TABLE_BLOCK = 32
 
 @dataclass(frozen=True)
 class PrerotateConfig:
-    """Launch shape of the K pre-rotation kernel: a streaming copy of `block_n` rows of K
-    per program, so a few warps and no software pipelining."""
+    """Launch shape of the pre-rotation kernels (`rotate_k`, the backward's `rotate_q`): a
+    streaming copy of `block_n` rows per program, so a few warps and no software pipelining.
+    32 rows: on the H200 the Llama shape's rotate_q took 21 µs instead of 28 at N = 4096 (64
+    rows, 4 warps) and 82 instead of 106 at 16384; 8 or 16 warps, or 128 rows, did no better
+    (benchmarks/NOTES.md, 2026-12-04)."""
 
-    block_n: int = 64
+    block_n: int = 32
     num_warps: int = 4
     num_stages: int = 1
 
