@@ -53,5 +53,5 @@ func.func @f(%q: tensor<?x4x?x32xf16>, %k: tensor<?x2x?x32xf16>, %v: tensor<?x2x
 // PY:          rope_freq_0 = _freq_table('rope_freq_0', (1.0,
 // PY-NEXT:     rope_at_0_cos = torch.empty((qp.numel(), 16,), dtype=torch.float32, device=q_device)
 
-// PRE:         tl.call "rotate_k" grid ["_cdiv(k.shape[2], 64)", "k.shape[0] * 2"] args [{{.*}}] num_warps 4 num_stages 1
+// PRE:         tl.call "rotate_k" grid ["_cdiv(k.shape[2], 32)", "k.shape[0] * 2"] args [{{.*}}] num_warps 4 num_stages 1
 // PRE-NEXT:    tl.call "attn_fwd" {{.*}} num_warps 4

@@ -54,7 +54,7 @@ func.func @rope(%q: tensor<?x4x?x16xf16>, %k: tensor<?x2x?x16xf16>, %v: tensor<?
 // PRE-NEXT:          tl.alloc "lse"
 // PRE-NEXT:          tl.alloc "k_rot" shape ["k.shape[0]", "2", "k.shape[2]", "16"] dtype "torch.float16" device "k.device"
 // PRE-NEXT:          tl.rope_table "rope_0_cos", "rope_0_sin"
-// PRE-NEXT:          tl.call "rotate_k" grid ["_cdiv(k.shape[2], 64)", "k.shape[0] * 2"] args ["k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)", "k.shape[2]", "64", "rope_0_cos", "rope_0_sin"] num_warps 4 num_stages 1
+// PRE-NEXT:          tl.call "rotate_k" grid ["_cdiv(k.shape[2], 32)", "k.shape[0] * 2"] args ["k", "k.stride(0)", "k.stride(1)", "k.stride(2)", "k.stride(3)", "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)", "k.shape[2]", "32", "rope_0_cos", "rope_0_sin"] num_warps 4 num_stages 1
 // PRE-NEXT:          tl.call "attn_fwd"
 // PRE-SAME:            "k_rot", "k_rot.stride(0)", "k_rot.stride(1)", "k_rot.stride(2)", "k_rot.stride(3)"
 // PRE-NEXT:          tl.host_return ["out", "lse"]

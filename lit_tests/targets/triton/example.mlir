@@ -50,14 +50,14 @@
 // CHECK-NEXT:          lse = torch.empty((q_shape[0], 32, q_shape[2],), dtype=torch.float32, device=q_device)
 // CHECK-NEXT:      k_rot = torch.empty((k_shape[0], 8, k_shape[2], 128,), dtype=torch.bfloat16, device=k.device)
 // CHECK-NEXT:      rope_0_cos, rope_0_sin = _rope_table('rope_0_cos', (1.0, 0.8146172165870667,
-// CHECK:           _launch(rotate_k, (_cdiv(k_shape[2], 64), k_shape[0] * 8,), 4, 1,
-// CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k_shape[2], 64,
+// CHECK:           _launch(rotate_k, (_cdiv(k_shape[2], 32), k_shape[0] * 8,), 4, 1,
+// CHECK-NEXT:              k, *k.stride()[:4], k_rot, *k_rot.stride()[:4], k_shape[2], 32,
 // CHECK:           _launch(attn_fwd, (q_shape[0] * 32, _cdiv(q_shape[2], 32),), 4, 1,
 // CHECK-NEXT:              q, *q.stride()[:4], k_rot, *k_rot.stride()[:4], v, *v.stride()[:4], out, *out.stride()[:4], lse,
 // CHECK:           return out, lse
 
 // CHECK:       LAUNCH_PARAMS = {
-// CHECK-NEXT:      'rotate_k': {'grid': ['_cdiv(k.shape[2], 64)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '64'}},
+// CHECK-NEXT:      'rotate_k': {'grid': ['_cdiv(k.shape[2], 32)', 'k.shape[0] * 8'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_N': '32'}},
 // CHECK-NEXT:      'attn_fwd': {'grid': ['q.shape[0] * 32', '_cdiv(q.shape[2], 32)'], 'num_warps': 4, 'num_stages': 1, 'constexprs': {'BLOCK_M': '32', 'BLOCK_N': '32'}},
 // CHECK-NEXT:  }
 
