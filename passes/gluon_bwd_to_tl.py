@@ -11,7 +11,8 @@ generic backward's kernels, plus what the sm90 Gluon backward kernel
   `score_grad`).
 - `attn_bwd_dq_acc`: dQ from the Gluon kernel's fp32 workspace, scaled, Q's chain's derivatives
   applied (inverse RoPE, RMSNorm backward, a norm weight's gradient share); `attn_bwd_dk_acc`
-  the same for K when K has a chain (else the Gluon kernel writes dK itself).
+  the same for K when K has a chain other than one RoPE of the `half` style over every channel
+  (the Gluon kernel writes dK itself, through that RoPE's derivative when K has it).
 - The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernels (with kernel-path's `dq-reduce`, the
   default, dQ's TMA reduce-adds from the dK/dV kernel unless `torch.use_deterministic_algorithms`
   is on; else the dK/dV kernel, then the ordered dQ kernel), then the workspaces' kernels; else the generic
@@ -24,7 +25,7 @@ from xdsl.dialects.builtin import f32, i32, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
 
-from attnfuse.dialects import tl
+from attnfuse.dialects import attn, tl
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_epilogues_to_tl import store_gradient
 from attnfuse.passes.backward_to_tl import BackwardLowering, Side
@@ -52,11 +53,26 @@ class GluonBackwardLowering(BackwardLowering):
         calls = self.kernels()
         fns = self.hooks()
         extra = [self.acc_kernel(self.q)]
-        if self.k.grads:
+        k_rope = self.k_rope()
+        if self.k.grads and k_rope is None:
             extra.append(self.acc_kernel(self.k))
-        launcher = self.gluon_launcher(calls, fns, extra)
+        launcher = self.gluon_launcher(calls, fns, extra, k_rope)
         kernels = [c.kernel for c in calls + extra]
         return self.lowered(kernels, launcher, fns)
+
+    def k_rope(self) -> tuple[str, str, str] | None:
+        """K's chain when the dK/dV kernel applies its derivative itself: one RoPE of the `half`
+        style over every channel (as the forward's kernel rotates Q, `gluon_rotates_q`); its
+        cos and sin tables' host names and their rows per sequence (0: by position). None
+        otherwise: dK then goes through `attn_bwd_dk_acc`."""
+        chain = self.chains.k_chain
+        if len(chain) != 1 or not isinstance(op := chain[0], attn.RopeOp):
+            return None
+        if op.style.data.value != "half" or op.rotary_dim.value.data != self.d:
+            return None
+        cos, sin = self.qk.trig_tables(Params(), op)
+        rows = self.sequence_tokens(op.positions) if op.positions is not None else None
+        return cos.name_hint or "", sin.name_hint or "", rows or "0"
 
     # ------------------------------------------------------------------ the hooks
     def hooks(self) -> list[tl.DeviceFnOp]:
@@ -166,10 +182,12 @@ class GluonBackwardLowering(BackwardLowering):
         calls: list[KernelCall],
         fns: list[tl.DeviceFnOp],
         acc: list[KernelCall],
+        k_rope: tuple[str, str, str] | None,
     ) -> tl.LauncherOp:
         """The generic launcher (of `calls`) with its dK/dV and dQ launches replaced by `if
-        _gluon_bwd_fits(...)`: the Gluon kernels (with `fns`, the `hooks`) and the workspaces'
-        kernels `acc`; else the generic ones."""
+        _gluon_bwd_fits(...)`: the Gluon kernels (with `fns`, the `hooks`; K's RoPE tables
+        `k_rope`, when the dK/dV kernel applies its derivative) and the workspaces' kernels
+        `acc`; else the generic ones."""
         launcher = self.backward_launcher(calls)
         ops = list(launcher.body.block.ops)
         launches = [
@@ -184,7 +202,7 @@ class GluonBackwardLowering(BackwardLowering):
             )
         ]
         dk_out = "dk"
-        if self.k.grads:  # K's chain's derivatives run in attn_bwd_dk_acc, on an fp32 dK
+        if self.k.grads and k_rope is None:  # K's chain's derivatives run in attn_bwd_dk_acc, on an fp32 dK
             then.append(
                 tl.AllocOp(
                     "dk_acc",
@@ -202,6 +220,7 @@ class GluonBackwardLowering(BackwardLowering):
                 [f.sym_name.data for f in fns],  # the four of `hooks`, in order
                 "not _gl_deterministic()" if reduces_dq(self.chains.func) else None,
                 self.xargs,
+                k_rope,
             )
         )
         then += [call_op(c) for c in acc]

@@ -117,6 +117,12 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     assert 0 < binary.metadata.shared <= HOPPER_SMEM
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
+    # K's RoPE alone: the kernel stores dK back through it, in dK's dtype (k_cos: argument 10);
+    # with QK-norm, an fp32 dK for attn_bwd_dk_acc
+    k_rope_alone = chain == [ROPE]
+    assert (dkdv_args[10] is not None) is k_rope_alone
+    assert (dkdv_args[7].dtype == dtype) is (not chain or k_rope_alone)
+    assert ("def attn_bwd_dk_acc" in source) is (bool(chain) and not k_rope_alone)
     # Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 x 64 products) take K and V from registers at head dim 64
     # (every such product's first operand a register list), from shared memory at 128 (a descriptor)
     square = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx))
@@ -169,8 +175,8 @@ def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce
     assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
     ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
     assert dkdv_kwargs["DQ"] is reduce
-    # q, k, v, dO, dK (fp32 for K's chain's kernel after RoPE), dV
-    assert dkdv_kwargs["INNER"] == ((False, False, True, True, False, True) if rope else (True,) * 6)
+    # q, k, v, dO, dK, dV (q and k pre-rotated; dK back through K's RoPE in the kernel)
+    assert dkdv_kwargs["INNER"] == ((False, False, True, True, True, True) if rope else (True,) * 6)
     launches = [("attn_bwd_sm90", (dkdv_args, dkdv_kwargs))]
     if not reduce:
         ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls

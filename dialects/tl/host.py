@@ -472,7 +472,10 @@ class GluonBackwardOp(_HostOp):
     the host expression `reduce_dq` is true, by TMA reduce-adds from the dK/dV kernel. P and dS
     come from the variant's `tl.device_fn`s: `range` (the query blocks a block of keys meets),
     `kv_range` (the key blocks a Q tile meets), `full` and `masked` (P and dS of unmasked and
-    masked blocks), which read the host expressions `args`. Operands are host expressions."""
+    masked blocks), which read the host expressions `args`. With `k_rope` (the cos and sin
+    tables of the RoPE that k holds, half style over every channel, and their rows per sequence:
+    0 for tables by position), dk is k's gradient before that RoPE: the dK/dV kernel stores it
+    back through it. Operands are host expressions."""
 
     name = "tl.gluon_backward"
     q = prop_def(StringAttr)
@@ -491,10 +494,11 @@ class GluonBackwardOp(_HostOp):
     masked = prop_def(FlatSymbolRefAttr)
     reduce_dq = opt_prop_def(StringAttr)
     args = opt_prop_def(ArrayAttr[StringAttr])
+    k_rope = opt_prop_def(ArrayAttr[StringAttr])
     assembly_format = (
         "$q `,` $k `,` $v `,` $dout `,` $lse `,` $delta `->` $dq_acc `,` $dk `,` $dv `scale` $dk_scale"
         " `range` $range_fn `kv_range` $kv_range_fn `full` $full `masked` $masked"
-        " (`reduce_dq` $reduce_dq^)? (`args` $args^)? attr-dict"
+        " (`reduce_dq` $reduce_dq^)? (`args` $args^)? (`k_rope` $k_rope^)? attr-dict"
     )
 
     def __init__(
@@ -505,6 +509,7 @@ class GluonBackwardOp(_HostOp):
         hooks: Sequence[str],
         reduce_dq: str | None = None,
         args: Sequence[str] = (),
+        k_rope: tuple[str, str, str] | None = None,
     ):
         q, k, v, dout, lse, delta = tensors
         dq_acc, dk, dv = outputs
@@ -518,4 +523,12 @@ class GluonBackwardOp(_HostOp):
             props["reduce_dq"] = StringAttr(reduce_dq)
         if args:
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
+        if k_rope is not None:
+            props["k_rope"] = ArrayAttr(StringAttr(t) for t in k_rope)
         super().__init__(properties=props)
+
+    def verify_(self) -> None:
+        if self.k_rope is not None and len(self.k_rope.data) != 3:
+            raise VerifyException(
+                "tl.gluon_backward `k_rope` names three host values: the cos and sin tables and their rows per sequence"
+            )

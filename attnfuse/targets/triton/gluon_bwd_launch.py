@@ -79,7 +79,8 @@ def _gl_deterministic():
     return torch.are_deterministic_algorithms_enabled()
 
 
-def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, xargs=(), reduce_dq=False):
+def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, xargs=(), reduce_dq=False,
+                    k_rope=None):
     """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
     `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
     `reduce_dq`, by TMA reduce-adds from `attn_bwd_sm90` itself into the zeroed workspace. For
@@ -89,7 +90,10 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     HOOK_FULL, HOOK_MASKED), the variant's generated functions (the query blocks a block of
     keys meets, the key blocks a Q tile meets, P and dS), which read `xargs`. dk is the
     gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous or with
-    their heads inner (as `_empty_ordered` lays them out for such a k and v)."""
+    their heads inner (as `_empty_ordered` lays them out for such a k and v). k_rope: None, or
+    the (cos, sin, rows) tables [*, D/2] of the RoPE that k holds (half style, every channel; read
+    at row b * rows + n for key n of sequence b, rows 0: by position): dk is then the gradient
+    of k before it, which the dK/dV kernel stores back through the RoPE."""
     q, k, v, dout = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v, dout))
     b, hq, n, d = q.shape
     kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
@@ -102,6 +106,7 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
         dq_acc.zero_()
     group = hq // k.shape[1]
     range_q, range_kv, full, masked = hooks
+    k_cos, k_sin, k_rows = k_rope if k_rope is not None else (None, None, 0)
     # Heads along the grid's first axis: every head's lowest (under a causal mask, heaviest)
     # blocks of keys start first (with the blocks along it, measured 0.63x at N = 4096 on the
     # H200: the heaviest blocks of the last heads ran in the launch's tail). Three entries: a
@@ -109,10 +114,10 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     grid = (b * k.shape[1], n // _GLB_KEYS, 1)
     args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
             desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), _glb_rows_desc(lse),
-            _glb_rows_desc(delta), dk, dv, float(dk_scale), n, group, hq, xargs)
+            _glb_rows_desc(delta), dk, dv, float(dk_scale), k_cos, k_sin, k_rows, n, group, hq, xargs)
     spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq), inner,
             tuple(_gl_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_gl_spec(x) for x in xargs))
-    key = ("dkdv", reduce_dq, dk.dtype, *spec)
+    key = ("dkdv", reduce_dq, dk.dtype, k_rope is None or (_gl_spec(k_cos), _gl_spec(k_sin), _gl_spec(k_rows)), *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,

@@ -186,11 +186,12 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
 
 
 @gluon.jit
-def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS, XARGS,
+def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
                   HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, INNER: gl.constexpr):
     """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: every query block of every query head
-    of the group (masked, unmasked, masked), then dK·dk_scale and dV stored."""
+    of the group (masked, unmasked, masked), then dK·dk_scale (back through K's RoPE when
+    k_rope's tables are given, `_glb_store_unrotated`) and dV stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc = descs
     k_smem, v_smem, kv_bar = kv
     BLOCK_KV: gl.constexpr = k_desc.block_type.shape[0]
@@ -223,10 +224,36 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS, XA
                                b, i_end, HOOK_MASKED, STAGES, DQ, WG)
     rows = row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, acc_layout))
-    dk_offs = _glb_offsets(INNER[4], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
-    gl.store(dk_ptr + dk_offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
+    if k_rope[0] is None:
+        dk_offs = _glb_offsets(INNER[4], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
+        gl.store(dk_ptr + dk_offs, (dk * dk_scale).to(dk_ptr.dtype.element_ty))
+    else:
+        _glb_store_unrotated(dk * dk_scale, k_rope, dk_ptr, INNER[4], off_bk, HEADS // GROUP, N, row0)
     dv_offs = _glb_offsets(INNER[5], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
     gl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _glb_store_unrotated(dk, k_rope, dk_ptr, INNER: gl.constexpr, bh, heads, N, row0):
+    """The gradient `dk` (fp32) of rows row0, row0 + 1, ... of head bh's rotated keys, back
+    through K's RoPE and stored in dk_ptr's dtype: the RoPE pairs channel c with c + D/2 (every
+    channel), rotated by the angle of the tables k_rope = (cos, sin, rows) at row
+    (bh // heads) * rows + n for key n (rows: 0 for tables by position), and its derivative
+    rotates the pair back. A thread holds both channels of each pair of the accumulator's
+    layout: the pairs are split out in registers."""
+    KEYS: gl.constexpr = dk.shape[0]
+    HALF: gl.constexpr = dk.shape[1] // 2
+    lo, hi = gl.split(gl.permute(gl.reshape(dk, [KEYS, 2, HALF]), [0, 2, 1]))  # channels c, c + D/2
+    layout: gl.constexpr = lo.type.layout
+    cos_ptr, sin_ptr, table_rows = k_rope
+    rows = row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    idx = (rows + (bh // heads) * table_rows)[:, None] * HALF + cols[None, :]
+    cos = gl.load(cos_ptr + idx)
+    sin = gl.load(sin_ptr + idx)
+    offs = _glb_offsets(INNER, bh, heads, N, rows, cols, 2 * HALF)
+    gl.store(dk_ptr + offs, (lo * cos + hi * sin).to(dk_ptr.dtype.element_ty))
+    gl.store(dk_ptr + offs + HALF, (hi * cos - lo * sin).to(dk_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -307,17 +334,20 @@ def _glb_writer(descs, bufs0, bufs1, N, GROUP, RANGE: gl.constexpr):
 
 
 @gluon.jit
-def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, dk_ptr, dv_ptr, dk_scale, N, GROUP,
-                  HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr,
+def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, dk_ptr, dv_ptr, dk_scale, k_cos_ptr,
+                  k_sin_ptr, k_rope_rows, N, GROUP, HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr,
+                  HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr, DQ: gl.constexpr,
                   INNER: gl.constexpr = (False, False, False, False, False, False)):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks, and with DQ a writer warp adding the consumers' halves of dQ's shares into
-    the workspace (see the module docstring). num_warps=4. INNER: whether q, k, v, dO, dK and dV
+    the workspace (see the module docstring). With k_cos_ptr (k_sin_ptr, k_rope_rows): k holds
+    its RoPE, whose tables these are, and dK is stored back through it (`_glb_store_unrotated`).
+    num_warps=4. INNER: whether q, k, v, dO, dK and dV
     (in that order; HEADS query heads) have their heads inner to their sequence (`_gl_at`), else
     they are contiguous."""
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc)
+    k_rope = (k_cos_ptr, k_sin_ptr, k_rope_rows)
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     KEYS: gl.constexpr = k_desc.block_type.shape[0] // 2
@@ -375,9 +405,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
     if DQ:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
                                  XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
                                  XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
                 (_glb_writer, (descs, bufs0, bufs1, N, GROUP, RANGE)),
@@ -388,9 +418,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
     else:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
                                  XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
                                  XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
             ],

@@ -479,6 +479,8 @@ def _gluon_bwd_args(h: tl.GluonBackwardOp) -> str:
         args.append(f"xargs=({', '.join(_host_args([a.data for a in h.args]))},)")
     if h.reduce_dq is not None:
         args.append(f"reduce_dq={h.reduce_dq.data}")
+    if h.k_rope is not None:
+        args.append(f"k_rope=({', '.join(t.data for t in h.k_rope)})")
     return ", ".join(args)
 
 

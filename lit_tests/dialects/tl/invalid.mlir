@@ -266,3 +266,11 @@ tl.launcher "launch"(["q"]) {
   tl.gluon_attention "q", "q", "q" -> "out", "lse" scale 1.000000e+00 causal rope ["cos", "sin"]
 }
 // CHECK: tl.gluon_attention `rope` names three host values: the cos and sin tables and their rows per sequence
+
+// -----
+
+// K's RoPE in the Gluon backward: its cos and sin tables and their rows per sequence.
+tl.launcher "launch"(["q"]) {
+  tl.gluon_backward "q", "q", "q", "q", "lse", "delta" -> "dq", "dk", "dv" scale 1.000000e+00 range @f kv_range @f full @f masked @f k_rope ["cos", "sin"]
+}
+// CHECK: tl.gluon_backward `k_rope` names three host values: the cos and sin tables and their rows per sequence
