@@ -98,12 +98,7 @@ def main() -> None:
             pieces = {k: [p.replace("{D}", str(d)) for p in v] for k, v in VARIANTS[name].items()}
             ir = variant(dtype=dtype, hq=hq, hkv=hkv, d=d, **pieces)
             for n in (int(x) for x in args.ns.split(",")):
-                g = torch.Generator(device="cuda").manual_seed(n)
-                q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype, generator=g)
-                k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-                fwd = load_source(compile_module(parse_module(ir), sm=90, seq_len=n).source, folder, interpret=False)
-                out, lse = fwd.launch(q, k, v)
-                dout = torch.randn_like(out)
+                q, k, v, out, lse, dout = backward_inputs(ir, shape, n, folder)
                 times, grads = {}, {}
                 for label, opts, subs in builds:
                     src = compile_module(
@@ -141,6 +136,18 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 (args.out / "backward_ab.json").write_text(json.dumps(rows, indent=1))
                 (args.out / "backward_ab.md").write_text("\n".join(lines) + "\n")
+
+
+def backward_inputs(ir: str, shape: str, n: int, folder: Path) -> tuple[torch.Tensor, ...]:
+    """A generated backward launch's arguments for variant `ir` at `shape` and length n: random
+    q, k, v (seeded by n), the forward's out and lse (its generated launch), and a random dout."""
+    b, hq, hkv, d, dtype = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(n)
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype, generator=g)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    fwd = load_source(compile_module(parse_module(ir), sm=90, seq_len=n).source, folder, interpret=False)
+    out, lse = fwd.launch(q, k, v)
+    return q, k, v, out, lse, torch.randn_like(out)
 
 
 def parse_configs(text: str) -> dict[str, tuple[tuple[str, str], ...]]:

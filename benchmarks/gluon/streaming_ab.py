@@ -24,7 +24,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backward_ab import SHAPES, kernel_times  # noqa: E402
+from backward_ab import SHAPES, backward_inputs, kernel_times  # noqa: E402
 from kernel_harness import variant  # noqa: E402
 
 from attnfuse.cache import load_source  # noqa: E402
@@ -70,13 +70,7 @@ def main() -> None:
         rope = ROPE.replace("{D}", str(d))
         ir = variant(dtype=dtype, hq=hq, hkv=hkv, d=d, q_ops=[rope], k_ops=[rope], score_ops=["attn.mask {s} causal"])
         for n in (int(x) for x in args.ns.split(",")):
-            g = torch.Generator(device="cuda").manual_seed(n)
-            q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype, generator=g)
-            k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-            fwd = load_source(compile_module(parse_module(ir), sm=90, seq_len=n).source, folder, interpret=False)
-            out, lse = fwd.launch(q, k, v)
-            dout = torch.randn_like(out)
-            call = (q, k, v, out, lse, dout)
+            call = backward_inputs(ir, shape, n, folder)
             first = None
             for label, (block, warps) in configs.items():
                 kernel_lowering.PREROTATE = kernel_lowering.PrerotateConfig(block_n=block, num_warps=warps)
