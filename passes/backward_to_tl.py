@@ -49,6 +49,7 @@ from attnfuse.passes.backward_dq_to_tl import dq_kernel
 from attnfuse.passes.backward_pre_to_tl import pre_kernel
 from attnfuse.passes.kernel_lowering import NEG_INF, KernelLowering, KvProgram, ScoreCtx
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
+from attnfuse.passes.prerotate_to_tl import rotate_kernel
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
 ChainGrad = attn.ScaleOp | attn.RopeGradOp | attn.NormGradOp | attn.NormWeightGradOp
@@ -371,7 +372,7 @@ class BackwardLowering(KernelLowering):
             return calls  # only a sink's gradient: delta and the sink's shares
         for side, which in ((self.q, "q"), (self.k, "k")):
             if side.pre:
-                calls.append(self.rotate_kernel(which))
+                calls.append(rotate_kernel(self, which))
         if self.need_dk or self.need_dv:
             calls.append(dkdv_kernel(self))
         if self.need_dq:

@@ -37,6 +37,7 @@ from attnfuse.dialects.attn import LOG2E, Placement
 from attnfuse.passes.kernel_lowering import LN2, NEG_INF, POS_INF, KernelLowering, QProgram, ScoreCtx
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op
+from attnfuse.passes.prerotate_to_tl import rotate_kernel
 from attnfuse.passes.tl_builder import KernelBuilder, Params, TensorParam, pow2
 
 NAN = float("nan")
@@ -117,7 +118,7 @@ class ForwardLowering(KernelLowering):
         """`rotate_k` (when K's placement is `prerotate`), then `attn_fwd`."""
         calls: list[KernelCall] = []
         if self.k_placement == Placement.PREROTATE:
-            calls.append(self.rotate_kernel())
+            calls.append(rotate_kernel(self))
         calls.append(self.main_kernel())
         return calls
 

@@ -29,7 +29,7 @@ from attnfuse.dialects import attn, tl
 from attnfuse.passes.analysis import AttentionChains
 from attnfuse.passes.backward_epilogues_to_tl import store_gradient
 from attnfuse.passes.backward_to_tl import BackwardLowering, Side
-from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq
+from attnfuse.passes.kernel_path import GLUON_BWD_BLOCK, kernel_path, reduces_dq, rotates_halves
 from attnfuse.passes.kv_segments import kv_segments, q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
@@ -62,17 +62,13 @@ class GluonBackwardLowering(BackwardLowering):
 
     def k_rope(self) -> tuple[str, str, str] | None:
         """K's chain when the dK/dV kernel applies its derivative itself: one RoPE of the `half`
-        style over every channel (as the forward's kernel rotates Q, `gluon_rotates_q`); its
+        style over every channel (`rotates_halves`, as the forward's kernel rotates Q); its
         cos and sin tables' host names and their rows per sequence (0: by position). None
         otherwise: dK then goes through `attn_bwd_dk_acc`."""
         chain = self.chains.k_chain
-        if len(chain) != 1 or not isinstance(op := chain[0], attn.RopeOp):
+        if len(chain) != 1 or not isinstance(op := chain[0], attn.RopeOp) or not rotates_halves(op, self.d):
             return None
-        if op.style.data.value != "half" or op.rotary_dim.value.data != self.d:
-            return None
-        cos, sin = self.qk.trig_tables(Params(), op)
-        rows = self.sequence_tokens(op.positions) if op.positions is not None else None
-        return cos.name_hint or "", sin.name_hint or "", rows or "0"
+        return self.rope_tables(op)
 
     # ------------------------------------------------------------------ the hooks
     def hooks(self) -> list[tl.DeviceFnOp]:

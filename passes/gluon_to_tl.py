@@ -27,6 +27,7 @@ from attnfuse.passes.forward_to_tl import ForwardLowering
 from attnfuse.passes.kernel_path import GLUON_BLOCK, gluon_rotates_q, kernel_path
 from attnfuse.passes.kv_segments import kv_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, alloc_like, call_op, device_fn_op
+from attnfuse.passes.prerotate_to_tl import rotate_kernel
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
 
@@ -80,7 +81,7 @@ class GluonLowering(ForwardLowering):
         calls = self.kernel_calls()
         _, min_len = kernel_path(self.chains.func)
         q_own = self.gluon_q_transforms()
-        rotate_q = self.rotate_kernel("q") if self.chains.q_chain and q_own is None else None
+        rotate_q = rotate_kernel(self, "q") if self.chains.q_chain and q_own is None else None
         q_rope, q_norm = q_own if q_own is not None else (None, None)
         self.gluon = GluonLaunch(rotate_q, min_len, self.gluon_functions(), q_rope, q_norm)
         launcher = self.launcher(calls)
@@ -113,9 +114,7 @@ class GluonLowering(ForwardLowering):
         rope, norm = None, None
         for op in self.chains.q_chain:
             if isinstance(op, attn.RopeOp):
-                cos, sin = self.qk.trig_tables(Params(), op)
-                rows = self.sequence_tokens(op.positions) if op.positions is not None else None
-                rope = (cos.name_hint or "", sin.name_hint or "", rows or "0")
+                rope = self.rope_tables(op)
             elif isinstance(op, attn.NormOp):
                 weight = self.host_name(op.weight) if op.weight is not None else None
                 norm = (weight, op.eps.value.data)

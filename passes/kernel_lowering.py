@@ -1,7 +1,7 @@
 """What every kernel path of convert-attn-to-tl shares on the device side: a variant's
-kernel parameters, its score ops on a block of scores, the program's Q block and the
-pre-rotation kernels (`KernelLowering`, the base of `forward_to_tl.ForwardLowering`,
-`gluon_to_tl.GluonLowering` and `backward_to_tl.BackwardLowering`).
+kernel parameters, its score ops on a block of scores and the program's Q block
+(`KernelLowering`, the base of `forward_to_tl.ForwardLowering`, `gluon_to_tl.GluonLowering`
+and `backward_to_tl.BackwardLowering`); the pre-rotation kernels are `prerotate_to_tl`'s.
 
 Addresses: a tensor may hold more than 2^31 elements (a KV cache of B=5, H=32, N=128k,
 D=128), so every offset that grows with the tensor is computed in int64: the batch and
@@ -38,22 +38,6 @@ NEG_INF = float("-inf")
 POS_INF = float("inf")
 TABLE_BLOCK = 32
 """Rows of a per-call RoPE table (`rope_at_*_tables`) per program."""
-
-
-@dataclass(frozen=True)
-class PrerotateConfig:
-    """Launch shape of the pre-rotation kernels (`rotate_k`, the backward's `rotate_q`): a
-    streaming copy of `block_n` rows per program, so a few warps and no software pipelining.
-    32 rows: on the H200 the Llama shape's rotate_q took 21 µs instead of 28 at N = 4096 (64
-    rows, 4 warps) and 82 instead of 106 at 16384; 8 or 16 warps, or 128 rows, did no better
-    (benchmarks/NOTES.md, 2026-12-04)."""
-
-    block_n: int = 32
-    num_warps: int = 4
-    num_stages: int = 1
-
-
-PREROTATE = PrerotateConfig()
 
 
 @dataclass
@@ -240,6 +224,13 @@ class KernelLowering:
         t = positions.type
         assert isinstance(t, TensorType)
         return f"{self.host_name(positions)}.shape[1]" if len(t.get_shape()) == 2 else None
+
+    def rope_tables(self, op: attn.RopeOp) -> tuple[str, str, str]:
+        """A RoPE's cos and sin tables as a Gluon kernel reads them: their host names and the
+        launcher's expression for their rows per sequence ("0": tables by position)."""
+        cos, sin = self.qk.trig_tables(Params(), op)
+        rows = self.sequence_tokens(op.positions) if op.positions is not None else None
+        return cos.name_hint or "", sin.name_hint or "", rows or "0"
 
     def rope_host_ops(self, device: str, length: str | None = None) -> list[Operation]:
         """The launcher's RoPE tables (positions 0..`length` - 1, by default max(Nq, Nk) - 1),
@@ -529,66 +520,7 @@ class KernelLowering:
             q_pos,
         )
 
-    # ------------------------------------------------------------------ the pre-rotation kernels
-    def rotate_kernel(self, which: str = "k") -> KernelCall:
-        """`rotate_k` (or `rotate_q`): apply K's (Q's) transforms once, writing a
-        transformed copy `k_rot` (`q_rot`)."""
-        p = Params()
-        kb = KernelBuilder(p, p.block)
-        chains = self.chains
-        is_q = which == "q"
-        arg, chain = (chains.q_arg, chains.q_chain) if is_q else (chains.k_arg, chains.k_chain)
-        heads, dtype = (self.hq, self.dtype) if is_q else (self.hkv, self.kdtype)
-        x = self.tensor(p, arg)
-        rot_ptr = p.param(f"{which.upper()}_rot", tl.PointerType(dtype), f"{which}_rot")
-        rot_strides = [p.param(f"stride_{which}r_{d}", i32, f"{which}_rot.stride({d})") for d in range(4)]
-        name = self.host_name(arg)
-        n = p.param("NQ" if is_q else "NK", i32, f"{name}.shape[2]")
-        block_n = p.param("BLOCK_N", i32, str(PREROTATE.block_n), constexpr=True)
-        pid_n = kb.emit(tl.ProgramIdOp(0), "pid_n")
-        pid_bh = kb.emit(tl.ProgramIdOp(1), "pid_bh")
-        b_off = kb.cast(kb.floordiv(pid_bh, heads), i64, hint="b_off")
-        h_off = kb.cast(kb.rem(pid_bh, heads), i64, hint="h_off" if is_q else "hk_off")
-        n_start = kb.mul(pid_n, block_n, hint="n_start")
-        n_off = kb.cast(n_start, i64, hint="n_off")
-        rows = kb.arange(block_n, hint="rows_n")
-        offs_n = kb.add(n_start, rows, hint="offs_n")
-        ok = kb.cmp("<", offs_n, n, hint="row_ok")
-        pos = self.row_positions(kb, p, which, offs_n, n)
-
-        def base_of(ptr: SSAValue, strides: list[SSAValue], hint: str) -> SSAValue:
-            """The tile's first row: batch, head and row offsets in int64."""
-            bh = kb.add(kb.add(ptr, kb.mul(b_off, strides[0])), kb.mul(h_off, strides[1]))
-            return kb.add(bh, kb.mul(n_off, strides[2]), hint=hint)
-
-        base = base_of(x.ptr, x.strides, f"{which}_base")
-        pos = self.positions(kb, p, chain, pos, b_off, offs_n, ok)
-        x_t = self.qk.transformed(
-            kb,
-            p,
-            chain,
-            lambda chans: self.qk.load_tile(kb, base, rows, ok, x.strides[2], x.strides[3], chans, True, which),
-            pos,
-            ok,
-            True,
-            which,
-            signed_pos=is_q,
-        )
-        offs_d = kb.arange(self.dpad, hint="offs_d")
-        out_base = base_of(rot_ptr, rot_strides, f"{which}_rot_base")
-        ptr = kb.add(
-            kb.add(out_base, kb.mul(kb.row(rows), rot_strides[2])),
-            kb.mul(kb.col(offs_d), rot_strides[3]),
-            hint=f"{which}_rot_ptr",
-        )
-        mask = kb.row(ok)
-        if self.dpad != self.d:
-            mask = kb.and_(mask, kb.col(kb.cmp("<", offs_d, self.d)))
-        kb.store(ptr, kb.cast(x_t, dtype), mask)
-        p.block.add_op(tl.ReturnOp())
-        grid = [f"_cdiv({name}.shape[2], {PREROTATE.block_n})", f"{name}.shape[0] * {heads}"]
-        return KernelCall(self.kernel(f"rotate_{which}", p), p, grid, PREROTATE.num_warps, PREROTATE.num_stages)
-
+    # ------------------------------------------------------------------ positions of pre-rotated rows
     def row_positions(self, kb: KernelBuilder, p: Params, which: str, offs_n: SSAValue, n: SSAValue) -> SSAValue:
         """The positions of rows `offs_n` of q or k (`which`) in a pre-rotation kernel: k's row n
         is position n; queries are the last NQ of the NK positions."""

@@ -179,9 +179,14 @@ def gluon_rotates_q(v: AttentionChains) -> bool:
         chain = chain[1:]
     if not chain:
         return bool(v.q_chain)
-    if len(chain) != 1 or not isinstance(rope := chain[0], attn.RopeOp):
-        return False
-    d = v.q_type.get_shape()[3]
+    return (
+        len(chain) == 1 and isinstance(rope := chain[0], attn.RopeOp) and rotates_halves(rope, v.q_type.get_shape()[3])
+    )
+
+
+def rotates_halves(rope: attn.RopeOp, d: int) -> bool:
+    """Whether `rope` pairs channel c with c + d/2 over all d channels (the `half` style, every
+    channel rotated): the RoPE that the Gluon kernels apply to Q and undo on dK themselves."""
     return rope.style.data.value == "half" and rope.rotary_dim.value.data == d
 
 

@@ -1,6 +1,6 @@
 """The backward's streaming kernels (K's and Q's pre-rotations `rotate_k` / `rotate_q`, delta's
 `attn_bwd_pre`) at other launch shapes: rows per program and warps, set per label through
-`kernel_lowering.PREROTATE` and `backward_pre_to_tl.PRE` before compiling. Each label's backward
+`prerotate_to_tl.PREROTATE` and `backward_pre_to_tl.PRE` before compiling. Each label's backward
 (RoPE + causal, the Gluon path) is checked against the first label's gradients (relative L2
 difference <= 1e-3), then each kernel's CUDA time per launch (torch.profiler, 20 launches) and
 the whole launch's (do_bench median) are reported.
@@ -30,7 +30,7 @@ from kernel_harness import variant  # noqa: E402
 from attnfuse.cache import load_source  # noqa: E402
 from attnfuse.compiler import compile_module  # noqa: E402
 from attnfuse.ir import parse_module  # noqa: E402
-from attnfuse.passes import backward_pre_to_tl, kernel_lowering  # noqa: E402
+from attnfuse.passes import backward_pre_to_tl, prerotate_to_tl  # noqa: E402
 
 ROPE = "attn.rope {x} half theta = 500000.0 rotary_dim = {D}"
 DEFAULT = "r64w4:64,4;r64w8:64,8;r128w8:128,8;r128w16:128,16;r32w4:32,4"
@@ -73,7 +73,7 @@ def main() -> None:
             call = backward_inputs(ir, shape, n, folder)
             first = None
             for label, (block, warps) in configs.items():
-                kernel_lowering.PREROTATE = kernel_lowering.PrerotateConfig(block_n=block, num_warps=warps)
+                prerotate_to_tl.PREROTATE = prerotate_to_tl.PrerotateConfig(block_n=block, num_warps=warps)
                 backward_pre_to_tl.PRE = backward_pre_to_tl.PreConfig(block=block, num_warps=warps)
                 src = compile_module(parse_module(ir), sm=90, seq_len=n, direction="bwd", wrt=(0, 1, 2)).source
                 bwd = load_source(src, folder, interpret=False)
@@ -95,7 +95,7 @@ def main() -> None:
                 print(lines[-1], flush=True)
                 (args.out / "streaming_ab.md").write_text("\n".join(lines) + "\n")
                 (args.out / "streaming_ab.json").write_text(json.dumps(rows, indent=1))
-    kernel_lowering.PREROTATE = kernel_lowering.PrerotateConfig()
+    prerotate_to_tl.PREROTATE = prerotate_to_tl.PrerotateConfig()
     backward_pre_to_tl.PRE = backward_pre_to_tl.PreConfig()
 
 
