@@ -30,17 +30,23 @@ def chain_grad(
     rows: SSAValue,
     program: SSAValue,
     prefix: str,
+    g_at: Callable[[SSAValue], SSAValue] | None = None,
 ) -> SSAValue:
     """Apply `side`'s derivative ops to the gradient tile `g` [rows, head dim] (fp32);
-    `load(channels)` reads the untransformed tile, `program` indexes weight partials."""
+    `load(channels)` reads the untransformed tile, `program` indexes weight partials. `g_at`,
+    when `g` is a tile read from memory: `g_at(channels)` reads it again at other channels (a
+    RoPE's derivative then takes the pair partners by that second load, not by a gather)."""
     normed: dict[SSAValue, tuple[SSAValue, SSAValue]] = {}
     """x and its rsqrt(mean(x^2) + eps) per norm input: a norm's weight gradient and its
     input gradient read the same ones."""
+    factor = 1.0  # g = g_at(its channels) * factor while g_at is not None
     for op in side.grads:
         if isinstance(op, attn.ScaleOp):
             g = kb.mul(g, op.value.value.data)
+            factor *= op.value.value.data
         elif isinstance(op, attn.RopeGradOp):
-            g = rope_grad(bl, kb, p, op, g, pos, ok, rows, prefix)
+            g = rope_grad(bl, kb, p, op, g, pos, ok, rows, prefix, g_at, factor)
+            g_at = None
         else:
             if op.operands[1] not in normed:
                 x = forward_value(bl, kb, p, side, op.operands[1], load, pos, ok, prefix)
@@ -63,6 +69,7 @@ def chain_grad(
                 gw = kb.mul(g, kb.col(kb.cast(kb.load(kb.add(w.ptr, kb.mul(offs, w.strides[0])), dmask, 0.0), f32)))
             proj = kb.div(kb.mul(kb.reduce("sum", kb.mul(gw, x), 1), kb.mul(r, r)), float(bl.d))
             g = kb.mul(kb.row(r), kb.sub(gw, kb.mul(x, kb.row(proj))), hint=f"{prefix}_dnorm")
+            g_at = None
     return g
 
 
@@ -81,11 +88,13 @@ def store_gradient(
     ok: SSAValue,
     program: SSAValue,
     name: str,
+    g_at: Callable[[SSAValue], SSAValue] | None = None,
 ) -> None:
     """Store the fp32 gradient tile `g` of `side`'s rows `row_off + rows` (positions `pos`,
     row indices `offs`, in range where `ok`) of head `h_off` of batch `b_off` into the launcher's
     buffer `name` (dq or dk) in the side's dtype, after the side's chain's derivatives
-    (`chain_grad`, which reads the untransformed tile and writes weight shares by `program`)."""
+    (`chain_grad`, which reads the untransformed tile and writes weight shares by `program`;
+    `g_at`: g read again at other channels, when it is a tile read from memory)."""
     orig = bl.tensor(p, side.arg)
     orig_base = kb.add(bl.base(kb, orig, b_off, h_off), kb.mul(row_off, orig.strides[2]))
     hint = f"{name[1]}0"
@@ -94,7 +103,7 @@ def store_gradient(
         return bl.qk.load_tile(kb, orig_base, rows, ok, orig.strides[2], orig.strides[3], chans, True, hint)
 
     rope_pos = bl.positions(kb, p, side.chain, pos, b_off, offs, ok)
-    g = chain_grad(bl, kb, p, side, g, load, rope_pos, ok, rows, program, name)
+    g = chain_grad(bl, kb, p, side, g, load, rope_pos, ok, rows, program, name, g_at)
     out = bl.typed_tensor(p, name.upper(), name, side.dtype)
     bl.store_tile(kb, out, bl.base(kb, out, b_off, h_off), row_off, rows, ok, bl.d, kb.cast(g, side.dtype))
 
@@ -125,13 +134,20 @@ def rope_grad(
     ok: SSAValue,
     rows: SSAValue,
     prefix: str,
+    g_at: Callable[[SSAValue], SSAValue] | None = None,
+    factor: float = 1.0,
 ) -> SSAValue:
-    """g rotated back: g * cos - partner(g) * sign * sin, i.e. the rotation at -pos."""
+    """g rotated back: g * cos - partner(g) * sign * sin, i.e. the rotation at -pos. The
+    partners by `g_at(channels) * factor` (g read again from memory, g = g_at(its channels) *
+    factor) if given, else gathered from g."""
     layout = RopeLayout(op.style_name, op.rotary_dim.value.data)
     offs_d, partner = bl.qk.channels(kb, layout)
     assert partner is not None
-    index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
-    gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
+    if g_at is not None:
+        gp = g_at(partner) if factor == 1.0 else kb.mul(g_at(partner), factor)
+    else:
+        index = kb.add(kb.mul(kb.row(rows), 0), kb.col(partner), hint=f"{prefix}_partner")
+        gp = kb.emit(tl.GatherOp(g, index, 1), f"{prefix}_gp")
     return bl.qk.rotated(kb, p, op, layout, g, gp, offs_d, pos, ok, True, f"{prefix}_back", True, inverse=True)
 
 

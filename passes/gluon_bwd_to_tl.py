@@ -12,7 +12,9 @@ generic backward's kernels, plus what the sm90 Gluon backward kernel
 - `attn_bwd_dq_acc`: dQ from the Gluon kernel's fp32 workspace, scaled, Q's chain's derivatives
   applied (inverse RoPE, RMSNorm backward, a norm weight's gradient share); `attn_bwd_dk_acc`
   the same for K when K has a chain other than one RoPE of the `half` style over every channel
-  (the Gluon kernel writes dK itself, through that RoPE's derivative when K has it).
+  (the Gluon kernel writes dK itself; when K has that RoPE, it rotates the keys of k as given
+  and stores dK back through the RoPE's derivative, so `rotate_k` and its `k_rot` are the
+  generic kernels' only).
 - The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernels (with kernel-path's `dq-reduce`, the
   default, dQ's TMA reduce-adds from the dK/dV kernel unless `torch.use_deterministic_algorithms`
   is on; else the dK/dV kernel, then the ordered dQ kernel), then the workspaces' kernels; else the generic
@@ -61,10 +63,10 @@ class GluonBackwardLowering(BackwardLowering):
         return self.lowered(kernels, launcher, fns)
 
     def k_rope(self) -> tuple[str, str, str] | None:
-        """K's chain when the dK/dV kernel applies its derivative itself: one RoPE of the `half`
-        style over every channel (`rotates_halves`, as the forward's kernel rotates Q); its
-        cos and sin tables' host names and their rows per sequence (0: by position). None
-        otherwise: dK then goes through `attn_bwd_dk_acc`."""
+        """K's chain when the dK/dV kernel applies it and its derivative itself: one RoPE of
+        the `half` style over every channel (`rotates_halves`, as the forward's kernel rotates
+        Q); its cos and sin tables' host names and their rows per sequence (0: by position).
+        None otherwise: K is pre-rotated and dK goes through `attn_bwd_dk_acc`."""
         chain = self.chains.k_chain
         if len(chain) != 1 or not isinstance(op := chain[0], attn.RopeOp) or not rotates_halves(op, self.d):
             return None
@@ -158,13 +160,20 @@ class GluonBackwardLowering(BackwardLowering):
         rows = kb.arange(block, hint="rows")
         offs = kb.add(m_start, rows, hint="offs")
         ok = kb.cmp("<", offs, n, hint="row_ok")
-        g = self.tile(kb, acc, self.base(kb, acc, b_off, h_off), m_off, rows, ok, self.d, which)
+        base = self.base(kb, acc, b_off, h_off)
+        g = self.tile(kb, acc, base, m_off, rows, ok, self.d, which)
+        tile_base = kb.add(base, kb.mul(m_off, acc.strides[2]))
+
+        def g_at(chans: SSAValue) -> SSAValue:  # the tile again, at other channels (RoPE's pairs)
+            t = self.qk.load_tile(kb, tile_base, rows, ok, acc.strides[2], acc.strides[3], chans, True, f"{which}_at")
+            return kb.mul(t, self.scale) if is_q else t
+
         if is_q:
             g = kb.mul(g, self.scale)
             program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(1))), pid_m, hint="program")
         else:
             program = kb.add(kb.mul(pid_bh, kb.emit(tl.NumProgramsOp(0))), pid_m, hint="program")
-        store_gradient(self, kb, p, side, g, b_off, h_off, m_off, rows, offs, offs, ok, program, which)
+        store_gradient(self, kb, p, side, g, b_off, h_off, m_off, rows, offs, offs, ok, program, which, g_at)
         p.block.add_op(tl.ReturnOp())
         blocks = f"_cdiv({host}.shape[2], {self.block_m})"
         grid = [f"{host}.shape[0] * {heads}", blocks] if is_q else [blocks, f"{host}.shape[0] * {heads}"]
@@ -182,8 +191,8 @@ class GluonBackwardLowering(BackwardLowering):
     ) -> tl.LauncherOp:
         """The generic launcher (of `calls`) with its dK/dV and dQ launches replaced by `if
         _gluon_bwd_fits(...)`: the Gluon kernels (with `fns`, the `hooks`; K's RoPE tables
-        `k_rope`, when the dK/dV kernel applies its derivative) and the workspaces' kernels
-        `acc`; else the generic ones."""
+        `k_rope`, when the dK/dV kernel applies it and its derivative) and the workspaces'
+        kernels `acc`; else the generic ones (after K's pre-rotation, with `k_rope`)."""
         launcher = self.backward_launcher(calls)
         ops = list(launcher.body.block.ops)
         launches = [
@@ -191,7 +200,10 @@ class GluonBackwardLowering(BackwardLowering):
         ]
         q, k, v = (self.host_name(a) for a in (self.chains.q_arg, self.chains.k_arg, self.chains.v_arg))
         q_in = "q_rot" if self.q.pre else q  # the pre-rotation kernels' outputs (`kernels`)
-        k_in = "k_rot" if self.k.pre else k
+        k_in = "k_rot" if self.k.pre and k_rope is None else k
+        generic: list[Operation] = []
+        if self.k.pre and k_rope is not None:  # the Gluon kernel rotates K itself: k_rot is the generic kernels'
+            generic = [op for op in ops if _defines_k_rot(op)]
         then: list[Operation] = [
             tl.AllocOp(
                 "dq_acc", [f"{q}.shape[0]", str(self.hq), f"{q}.shape[2]", str(self.d)], "torch.float32", f"{q}.device"
@@ -222,11 +234,18 @@ class GluonBackwardLowering(BackwardLowering):
         then += [call_op(c) for c in acc]
         _, min_len = kernel_path(self.chains.func)
         fits = f"_gluon_bwd_fits({q_in}, {k_in}, {v}, {self.host_of(1)}, {self.host_of(2)}, {min_len})"
-        choose = tl.HostIfOp(fits, then, [launches[0].clone(), launches[1].clone()])
+        choose = tl.HostIfOp(fits, then, [op.clone() for op in generic + launches])
         first = launches[0]
         assert first.parent is not None
         first.parent.insert_op_before(choose, first)
-        for op in launches:
+        for op in generic + launches:
             op.detach()
             op.erase()
         return launcher
+
+
+def _defines_k_rot(op: Operation) -> bool:
+    """Whether a launcher op allocates or fills `k_rot`, K's pre-rotated copy."""
+    return (isinstance(op, tl.AllocOp) and op.var.data == "k_rot") or (
+        isinstance(op, tl.CallOp) and op.callee.data == "rotate_k"
+    )

@@ -13,7 +13,7 @@ import pytest
 import torch
 from kernel_harness import CUSTOM_MASK, compile_for_sm90, variant
 
-from attnfuse.cache_loader import load_module
+from attnfuse.cache_loader import interpreter_library, load_module
 from attnfuse.compiler import compile_module
 from attnfuse.ir import parse_module
 from attnfuse.targets.triton import gluon_bwd_launch
@@ -70,8 +70,9 @@ CASES = {
 
 def _capturing(source: str, tmp_path) -> tuple:
     """The generated backward module, its two Gluon kernels replaced by captures of their launches
-    (and the real ones), taking the Gluon path without a GPU (the generic kernels do nothing). A
-    fresh import: `load_source` would hand another test's patched module back for the same text."""
+    (and the real ones), taking the Gluon path without a GPU (the generic kernels do nothing; the
+    names of those launched are in `module.launched`). A fresh import: `load_source` would hand
+    another test's patched module back for the same text."""
     path = tmp_path / "captured_backward.py"
     path.write_text(source, encoding="utf-8")
     module = load_module(path, interpret=False, name=f"attnfuse_captured_{tmp_path.name}")
@@ -80,7 +81,8 @@ def _capturing(source: str, tmp_path) -> tuple:
     for k, capture in kernels.items():
         setattr(module, k, capture)
     module._gluon_bwd_fits = lambda *args: True
-    module._launch = lambda *args: None  # the generic Triton kernels (no GPU here)
+    module.launched = []
+    module._launch = lambda kernel, *args: module.launched.append(kernel.fn.__name__)  # no GPU here
     return module, kernels, real
 
 
@@ -117,12 +119,18 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     assert 0 < binary.metadata.shared <= HOPPER_SMEM
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
-    # K's RoPE alone: the kernel stores dK back through it, in dK's dtype (k_cos: argument 10);
-    # with QK-norm, an fp32 dK for attn_bwd_dk_acc
+    # K's RoPE alone: the kernel rotates the keys it reads (no rotate_k, which stays for the
+    # generic kernels) and stores dK back through the RoPE, in dK's dtype (k_cos: argument 10);
+    # for the ordered dQ kernel it also stores the rotated keys (k_rot_desc: argument 13, a TMA
+    # store). With QK-norm, K pre-rotated and an fp32 dK for attn_bwd_dk_acc
     k_rope_alone = chain == [ROPE]
     assert (dkdv_args[10] is not None) is k_rope_alone
+    assert (dkdv_args[13] is not None) is (k_rope_alone and not reduce)
+    assert ("rotate_k" in module.launched) is (bool(chain) and not k_rope_alone)
+    assert ("def rotate_k" in source) is bool(chain)
     assert (dkdv_args[7].dtype == dtype) is (not chain or k_rope_alone)
     assert ("def attn_bwd_dk_acc" in source) is (bool(chain) and not k_rope_alone)
+    assert bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)) is (k_rope_alone and not reduce)
     # Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 x 64 products) take K and V from registers at head dim 64
     # (every such product's first operand a register list), from shared memory at 128 (a descriptor)
     square = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx))
@@ -163,7 +171,8 @@ def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce
     """q, k, v and dout as transformers hands them over (transpose(1, 2) of [B, N, H, D]
     tensors): the Gluon backward kernels (the dK/dV kernel adding dQ's shares up, or it and the
     ordered dQ kernel) read them in place through [B * N, H * D] views and store dK and dV in that
-    order too (`INNER`; q and k pre-rotated by RoPE are contiguous), compiled for sm 90."""
+    order too (`INNER`; q pre-rotated by RoPE is contiguous, and so are the keys the dK/dV kernel
+    rotates for the ordered dQ kernel), compiled for sm 90."""
     chain = [ROPE.replace("%d", "128")] if rope else []
     ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
     source = compile_module(
@@ -175,12 +184,12 @@ def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce
     assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
     ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
     assert dkdv_kwargs["DQ"] is reduce
-    # q, k, v, dO, dK, dV (q and k pre-rotated; dK back through K's RoPE in the kernel)
-    assert dkdv_kwargs["INNER"] == ((False, False, True, True, True, True) if rope else (True,) * 6)
+    # q, k, v, dO, dK, dV (q pre-rotated; K rotated, and dK back through its RoPE, in the kernel)
+    assert dkdv_kwargs["INNER"] == ((False, True, True, True, True, True) if rope else (True,) * 6)
     launches = [("attn_bwd_sm90", (dkdv_args, dkdv_kwargs))]
     if not reduce:
         ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
-        assert dq_kwargs["INNER"] == dkdv_kwargs["INNER"][:4]
+        assert dq_kwargs["INNER"] == ((False, False, True, True) if rope else dkdv_kwargs["INNER"][:4])
         launches.append(("attn_bwd_dq_sm90", (dq_args, dq_kwargs)))
     assert len(kernels["attn_bwd_dq_sm90"].calls) == (0 if reduce else 1)
     for name, (args, kwargs) in launches:
@@ -219,3 +228,70 @@ def test_gluon_bwd_fits_needs_an_aligned_lse() -> None:
     shifted = torch.zeros(lse.numel() + 1)[1:].view(lse.shape)
     assert shifted.is_contiguous() and gluon_bwd_launch._gluon_bwd_fits(*inputs, lse, 2048)
     assert not gluon_bwd_launch._gluon_bwd_fits(*inputs, shifted, 2048)
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE of the `half` style over every channel at positions 0..N-1 (x [B, H, N, D])."""
+    n, d = x.shape[2], x.shape[3]
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["rope", "qknorm-rope"])
+def test_the_workspace_kernels_apply_the_chains_derivatives(norm: bool, tmp_path) -> None:
+    """attn_bwd_dq_acc (and, with QK-norm, attn_bwd_dk_acc) under the interpreter: the fp32
+    workspaces the Gluon kernel leaves, taken back through Q's and K's chains (dQ also times the
+    scores' scale), against autograd of the chains written out here. The RoPE's pair partners
+    come from a second read of the workspace."""
+    d, n, scale = 64, 128, 0.125
+    chain = ([NORM.replace("%d", str(d))] if norm else []) + [ROPE.replace("%d", str(d))]
+    ir = variant(
+        dtype=torch.float16,
+        hq=4,
+        hkv=2,
+        d=d,
+        q_ops=[c.replace("{W}", "q") for c in chain],
+        k_ops=[c.replace("{W}", "k") for c in chain],
+        qk=f"scale = {scale}",
+        score_ops=["attn.mask {s} causal"],
+        extras=["%wq: tensor<64xf32>", "%wk: tensor<64xf32>"] if norm else [],
+    )
+    source = compile_module(parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2)).source
+    assert "tl.gather" not in source.split("def attn_bwd_dq_acc", 1)[1].split("@triton.jit", 1)[0]
+    path = tmp_path / "workspaces.py"
+    path.write_text(source, encoding="utf-8")
+    module = load_module(path, interpret=True, name=f"attnfuse_workspaces_{tmp_path.name}")
+    g = torch.Generator().manual_seed(5)
+    q, out, dout = (torch.randn(1, 4, n, d, generator=g).half() for _ in range(3))
+    k, v = (torch.randn(1, 2, n, d, generator=g).half() for _ in range(2))
+    weights = [torch.rand(d, generator=g) + 0.5 for _ in range(2)] if norm else []
+    spaces = {}
+
+    def fill(q_in, k_in, v_in, dout_in, lse, delta, dq_acc, dk, dv, *args, **kwargs):
+        spaces["dq"] = torch.randn(dq_acc.shape, generator=g)
+        dq_acc.copy_(spaces["dq"])
+        spaces["dk"] = torch.randn(dk.shape, generator=g)
+        dk.copy_(spaces["dk"].to(dk.dtype))
+        dv.zero_()
+
+    module._gluon_bwd_fits = lambda *args: True
+    module._gluon_backward = fill
+    with interpreter_library():  # Triton's own tl.sum... interpreted too
+        dq, dk, _ = module.launch(q, k, v, *weights, out, torch.zeros(1, 4, n), dout)[:3]
+
+    def expected(x: torch.Tensor, w: torch.Tensor | None, grad: torch.Tensor) -> torch.Tensor:
+        x = x.double().requires_grad_()
+        y = _rope(_rms(x, w.double()) if w is not None else x, 10000.0)
+        return torch.autograd.grad(y, x, grad.double())[0]
+
+    dq_ref = expected(q, weights[0] if norm else None, spaces["dq"] * scale)
+    assert torch.allclose(dq.double(), dq_ref, rtol=2e-3, atol=2e-3)
+    # dK: stored back through K's RoPE by the Gluon kernel itself, unless K's chain has more
+    dk_ref = expected(k, weights[1], spaces["dk"]) if norm else spaces["dk"].half().double()
+    assert torch.allclose(dk.double(), dk_ref, rtol=2e-3, atol=2e-3)

@@ -66,6 +66,7 @@ CASES = {
     "causal-d64-f16": (1, 4, 2, 64, torch.float16, dict(score_ops=[CAUSAL]), None),
     "rope-causal-d128-bf16": (1, 8, 2, 128, torch.bfloat16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
     "rope-causal-d128-f16": (1, 8, 2, 128, torch.float16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
+    "rope-causal-d64-f16": (2, 4, 2, 64, torch.float16, dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]), None),
     "qknorm-rope-d128-bf16": (
         1,
         8,

@@ -236,9 +236,12 @@ def test_rope_at_explicit_positions(folder: Path) -> None:
     _check(LLAMA_AT_POSITIONS, args, wrt, out, dout, grads)
 
 
-@pytest.mark.parametrize("name", ["rope-causal-d128-bf16", "qknorm-rope-d64-f16", "gemma2-rope-softcap-window-bf16"])
+@pytest.mark.parametrize(
+    "name", ["rope-causal-d128-bf16", "rope-causal-d64-f16", "qknorm-rope-d64-f16", "gemma2-rope-softcap-window-bf16"]
+)
 def test_the_ordered_dq_kernel(name: str, folder: Path) -> None:
-    """kernel-path dq-reduce=false: dQ by the ordered dQ kernel after the dK/dV kernel."""
+    """kernel-path dq-reduce=false: dQ by the ordered dQ kernel after the dK/dV kernel (which, for
+    a K chain of one RoPE, rotates the keys itself and stores them for the ordered kernel)."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)

@@ -91,9 +91,10 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     keys meets, the key blocks a Q tile meets, P and dS), which read `xargs`. dk is the
     gradient's dtype or fp32 (a K chain's kernel takes it from there); dk, dv contiguous or with
     their heads inner (as `_empty_ordered` lays them out for such a k and v). k_rope: None, or
-    the (cos, sin, rows) tables [*, D/2] of the RoPE that k holds (half style, every channel; read
-    at row b * rows + n for key n of sequence b, rows 0: by position): dk is then the gradient
-    of k before it, which the dK/dV kernel stores back through the RoPE."""
+    the (cos, sin, rows) tables [*, D/2] of K's RoPE (half style, every channel; read at row
+    b * rows + n for key n of sequence b, rows 0: by position), which k is given before: the
+    dK/dV kernel rotates its keys (and writes them out for the ordered dQ kernel) and stores dk
+    back through the RoPE."""
     q, k, v, dout = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v, dout))
     b, hq, n, d = q.shape
     kv_layout, q_layout, dq_layout = _glb_layouts(d, q.dtype)
@@ -107,6 +108,10 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     group = hq // k.shape[1]
     range_q, range_kv, full, masked = hooks
     k_cos, k_sin, k_rows = k_rope if k_rope is not None else (None, None, 0)
+    k_rot = k_rot_desc = None  # the rotated keys, for the ordered dQ kernel
+    if k_rope is not None and not reduce_dq:
+        k_rot = torch.empty((b, k.shape[1], n, d), dtype=k.dtype, device=k.device)
+        k_rot_desc = _gl_desc(*_gl_view(k_rot, False, _GLB_ROWS, q_layout))
     # Heads along the grid's first axis: every head's lowest (under a causal mask, heaviest)
     # blocks of keys start first (with the blocks along it, measured 0.63x at N = 4096 on the
     # H200: the heaviest blocks of the last heads ran in the launch's tail). Three entries: a
@@ -114,7 +119,7 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     grid = (b * k.shape[1], n // _GLB_KEYS, 1)
     args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
             desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), _glb_rows_desc(lse),
-            _glb_rows_desc(delta), dk, dv, float(dk_scale), k_cos, k_sin, k_rows, n, group, hq, xargs)
+            _glb_rows_desc(delta), dk, dv, float(dk_scale), k_cos, k_sin, k_rows, k_rot_desc, n, group, hq, xargs)
     spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq), inner,
             tuple(_gl_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_gl_spec(x) for x in xargs))
     key = ("dkdv", reduce_dq, dk.dtype, k_rope is None or (_gl_spec(k_cos), _gl_spec(k_sin), _gl_spec(k_rows)), *spec)
@@ -129,13 +134,18 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)
     grid = (b * hq, n // _GLBQ_ROWS, 1)
     keys, stages, pingpong = _GLBQ_SCHEDULE[d]
-    args = (desc(0, _GLBQ_ROWS, q_tile_layout), desc(1, keys, kv_block_layout), desc(2, keys, kv_block_layout),
+    if k_rot is None:
+        k_desc = desc(1, keys, kv_block_layout)
+    else:
+        k_desc = _gl_desc(*_gl_view(k_rot, False, keys, kv_block_layout))
+    inner = (inner[0], inner[1] and k_rot is None, inner[2], inner[3])
+    args = (desc(0, _GLBQ_ROWS, q_tile_layout), k_desc, desc(2, keys, kv_block_layout),
             desc(3, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
+    spec = (*spec[:7], inner, *spec[8:])
     key = ("dq", *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:
         _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=stages, RANGE=range_kv, HOOK_FULL=full,
-                                                    HOOK_MASKED=masked, PINGPONG=pingpong, INNER=inner[:4],
-                                                    num_warps=4)
+                                                    HOOK_MASKED=masked, PINGPONG=pingpong, INNER=inner, num_warps=4)
     else:
-        binary[grid](*args, stages, range_kv, full, masked, pingpong, inner[:4])
+        binary[grid](*args, stages, range_kv, full, masked, pingpong, inner)

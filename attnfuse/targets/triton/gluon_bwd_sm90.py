@@ -6,7 +6,8 @@ Generated modules whose launcher holds a `tl.gluon_backward` op carry this file'
 first `triton.experimental` import on, after `gluon_common.py`'s (`printer.gluon_source`,
 `GLUON_BWD_FILES`); here it is an ordinary module, linted and compiled for sm90 by the tests.
 
-What they compute, for q [B, Hq, N, D] and k, v [B, Hkv, N, D] holding their transforms (GQA: Hq
+What they compute, for q [B, Hq, N, D] and k, v [B, Hkv, N, D] holding their transforms (k
+before its RoPE when that is K's whole chain, `k_rope`, below; GQA: Hq
 a multiple of Hkv; bf16 or fp16; D 64 or 128; N a multiple of 128), dout, the forward's lse and
 delta = rowsum(dout * out); q, k, v, dout, dK and dV each contiguous or in transformers' layout
 (a [B, N, H, D] tensor seen through transpose(1, 2): read and written in place, `_gl_at`):
@@ -25,7 +26,10 @@ fp32 product with the forward's arithmetic and take dS through the score ops' de
 `RANGE_Q` / `RANGE_KV` give the query rows a block of keys meets and the keys a block of queries
 meets (and which of them need no mask code). Q's chain (inverse RoPE, RMSNorm backward) runs in
 a generated kernel after these, on the fp32 workspace; so does K's, unless it is one RoPE of the
-`half` style over every channel, which the dK/dV kernel's epilogue undoes itself (`k_rope`).
+`half` style over every channel, which the dK/dV kernel applies itself (`k_rope`): its
+consumers rotate their keys in shared memory once they arrive (`_gl_rows_prologue`, as the
+forward rotates Q; for the ordered dQ kernel they also store them, by TMA, to a k_rot buffer it
+reads), and the epilogue takes dK back through the RoPE.
 
 How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Triton 3.6's Gluon):
 - dK/dV: one program per 128 keys of a (batch, kv head), every head's lowest keys first (under a
@@ -81,6 +85,8 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_ring_release,
     _gl_ring_wait,
     _gl_ring_wait_free,
+    _gl_rope_tables,
+    _gl_rows_prologue,
     _gl_tile_order,
     _gl_tma_reduce_add,
     _gl_turn_end,
@@ -188,12 +194,14 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
 
 
 @gluon.jit
-def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS, XARGS,
+def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
                   HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, INNER: gl.constexpr):
-    """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: every query block of every query head
-    of the group (masked, unmasked, masked), then dK·dk_scale (back through K's RoPE when
-    k_rope's tables are given, `_glb_store_unrotated`) and dV stored."""
+    """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: rotated by K's RoPE in shared memory
+    when k_rope's tables are given (and then stored to k_rot_desc's tensor, if any, for the
+    ordered dQ kernel), every query block of every query head of the group (masked, unmasked,
+    masked), then dK·dk_scale (back through K's RoPE with k_rope, `_glb_store_unrotated`) and dV
+    stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc = descs
     k_smem, v_smem, kv_bar = kv
     BLOCK_KV: gl.constexpr = k_desc.block_type.shape[0]
@@ -207,9 +215,16 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, H
     k_pos = row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
     dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-    mbarrier.wait(kv_bar, 0)
     k_w = k_smem.slice(KEYS * WG, KEYS)
     v_w = v_smem.slice(KEYS * WG, KEYS)
+    if k_rope[0] is None:
+        mbarrier.wait(kv_bar, 0)
+    else:  # K's RoPE on this consumer's keys; the other's dQ products read them after the dS barrier
+        trig = _gl_rope_tables(k_rope, KEYS, HEAD_D // 2, row0, N, off_bk // (HEADS // GROUP))
+        mbarrier.wait(kv_bar, 0)
+        _gl_rows_prologue(k_w, trig, (None, None))
+        if k_rot_desc is not None:
+            tma.async_copy_shared_to_global(k_rot_desc, [off_bk * N + row0, 0], k_w)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     if HEAD_D <= _GLB_KV_REGS:
@@ -233,6 +248,8 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, H
         _glb_store_unrotated(dk * dk_scale, k_rope, dk_ptr, INNER[4], off_bk, HEADS // GROUP, N, row0)
     dv_offs = _glb_offsets(INNER[5], off_bk, HEADS // GROUP, N, rows, cols, HEAD_D)
     gl.store(dv_ptr + dv_offs, dv.to(dv_ptr.dtype.element_ty))
+    if k_rot_desc is not None:
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -337,14 +354,16 @@ def _glb_writer(descs, bufs0, bufs1, N, GROUP, RANGE: gl.constexpr):
 
 @gluon.jit
 def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, dk_ptr, dv_ptr, dk_scale, k_cos_ptr,
-                  k_sin_ptr, k_rope_rows, N, GROUP, HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr,
+                  k_sin_ptr, k_rope_rows, k_rot_desc, N, GROUP, HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr,
                   HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr, DQ: gl.constexpr,
                   INNER: gl.constexpr = (False, False, False, False, False, False)):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks, and with DQ a writer warp adding the consumers' halves of dQ's shares into
-    the workspace (see the module docstring). With k_cos_ptr (k_sin_ptr, k_rope_rows): k holds
-    its RoPE, whose tables these are, and dK is stored back through it (`_glb_store_unrotated`).
+    the workspace (see the module docstring). With k_cos_ptr (k_sin_ptr, k_rope_rows): k is
+    given before its RoPE, whose tables these are: the consumers rotate their keys in shared
+    memory (and store them to k_rot_desc's [B * Hkv * N, D] tensor, given for the ordered dQ
+    kernel), and dK is stored back through it (`_glb_store_unrotated`).
     num_warps=4. INNER: whether q, k, v, dO, dK and dV
     (in that order; HEADS query heads) have their heads inner to their sequence (`_gl_at`), else
     they are contiguous."""
@@ -407,9 +426,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
     if DQ:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
                                  XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
                                  XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
                 (_glb_writer, (descs, bufs0, bufs1, N, GROUP, RANGE)),
@@ -420,9 +439,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
     else:
         gl.warp_specialize(
             [
-                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
                                  XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
-                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, N, GROUP, HEADS,
+                (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
                                  XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
             ],

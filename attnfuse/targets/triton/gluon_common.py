@@ -1,7 +1,8 @@
 # type: ignore
-"""What the sm90 Gluon kernels share: the tile order, the TMA ring with its mbarriers and the
-ping-pong between consumer partitions. `gluon_sm90.py` (the forward) is built from them; an sm90
-backward, decode or FP8 kernel takes them from here rather than copying them.
+"""What the sm90 Gluon kernels share: the tile order, the TMA ring with its mbarriers, the
+ping-pong between consumer partitions and Q's and K's transforms in shared memory.
+`gluon_sm90.py` (the forward) and `gluon_bwd_sm90.py` (the backward) are built from them; other
+sm90 kernels take them from here rather than copying them.
 
 Generated modules that launch a Gluon kernel carry this file's code before the kernel's
 (`printer.gluon_source`), from its first `triton.experimental` import on, so it imports
@@ -29,6 +30,9 @@ descriptor (`_gl_view`, `_gl_desc`) and the key of what Triton specialised a bin
   when contiguous, or as [B * N, H * D] when its heads are inner to its sequence (transformers'
   layout, read and written in place); row n of head bh is at (bh * N + n, 0) or
   ((bh // H) * N + n, (bh % H) * D).
+- Q's and K's transforms in shared memory (`_gl_rope_tables`, `_gl_rows_prologue`): RoPE (half
+  style, every channel; its cos and sin from the launcher's tables) and RMSNorm on a consumer's
+  rows of a tile once it arrives, as the forward rotates its Q tile and the backward its keys.
 - TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
   TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
   3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so
@@ -42,7 +46,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin as _gl_builtin
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # fmt: off
@@ -209,3 +213,50 @@ def _gl_spec(x):
     if isinstance(x, bool) or not isinstance(x, int):
         return type(x)
     return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
+
+
+@gluon.jit
+def _gl_rope_tables(rope, ROWS: gl.constexpr, HALF: gl.constexpr, row0, N, batch):
+    """RoPE's cos and sin for ROWS rows of a tile from row0 on ([ROWS, HALF] each, fp32; the
+    forward's Q, the backward's K), loaded before the tile arrives so that their latency hides
+    under its TMA load. rope = (cos, sin, rows): the launcher's [*, D/2] tables, row r of the
+    tile (of sequence `batch`) at table row batch * rows + row0 + r (rows from N on, past a
+    sequence's end, read row0 + r = N - 1): rows = 0 for tables by position, N for per-call
+    tables of [B, N] positions."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    cos_ptr, sin_ptr, table_rows = rope
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
+    idx = rows[:, None] * HALF + cols[None, :]
+    return gl.load(cos_ptr + idx), gl.load(sin_ptr + idx)
+
+
+@gluon.jit
+def _gl_rows_prologue(tile, trig, norm):
+    """Q's or K's transforms on a consumer's rows of a tile in shared memory, in fp32, rounded
+    once to the tile's dtype (as the generic kernels' pre-rotation), then fenced for the wgmmas
+    that read the tile. norm = (weight or None, eps or None): RMSNorm over the head dim (with eps
+    None, none); trig = (cos, sin) of `_gl_rope_tables` or (None, None): RoPE pairing channel c
+    with c + D/2, every channel rotated."""
+    HALF: gl.constexpr = tile.shape[1] // 2
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    lo = tile.slice(0, HALF, dim=1)
+    hi = tile.slice(HALF, HALF, dim=1)
+    x1 = lo.load(layout).to(gl.float32)
+    x2 = hi.load(layout).to(gl.float32)
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    w_ptr, eps = norm
+    if eps is not None:
+        rstd = gl.rsqrt((gl.sum(x1 * x1, axis=1) + gl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        x1 = x1 * rstd[:, None]
+        x2 = x2 * rstd[:, None]
+        if w_ptr is not None:
+            x1 = x1 * gl.load(w_ptr + cols).to(gl.float32)[None, :]
+            x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
+    cos, sin = trig
+    if cos is not None:
+        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    lo.store(x1.to(tile.dtype))
+    hi.store(x2.to(tile.dtype))
+    fence_async_shared()
+    gl.thread_barrier()

@@ -13,7 +13,7 @@ or 256, N a multiple of 128 and Nq = Nk; each of q, k, v and out contiguous or, 
 lays them out, a [B, N, H, D] tensor seen through transpose(1, 2) (read and written in place,
 `_gl_at`). K arrives with its transforms applied (a pre-rotation kernel); Q either too, or the
 consumers apply its RMSNorm and RoPE to their rows of the Q tile in shared memory before the
-first wgmma (`_gl_q_prologue`, its cos/sin from the launcher's tables). The score ops are a causal
+first wgmma (`_gl_rows_prologue`, its cos/sin from the launcher's tables). The score ops are a causal
 mask or none, applied here, or the variant's own, as `@triton.jit` functions the compiler
 generates (`RANGE`: the KV blocks a Q tile visits; `SCORE_FULL` / `SCORE_MASKED`: the scores
 of unmasked and masked blocks), called with their extra arguments `XARGS`. A per-head sink
@@ -64,6 +64,8 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_ring_release,
     _gl_ring_wait,
     _gl_ring_wait_free,
+    _gl_rope_tables,
+    _gl_rows_prologue,
     _gl_tile_order,
     _gl_turn_end,
     _gl_turn_start,
@@ -160,62 +162,16 @@ def _gl_softmax(s, m_i, l_i, mult, q_pos, k_pos, MASKED: gl.constexpr, SAFE: gl.
 
 
 @gluon.jit
-def _gl_q_tables(rope, ROWS: gl.constexpr, HALF: gl.constexpr, row0, N, batch):
-    """RoPE's cos and sin for a consumer's rows of the Q tile ([ROWS, HALF] each, fp32), loaded
-    before Q arrives so that their latency hides under Q's TMA load. rope = (cos, sin, rows):
-    the launcher's [*, D/2] tables, row r of the tile (of sequence `batch`) at table row
-    batch * rows + row0 + r (rows from N on, past a sequence's end, read row0 + r = N - 1):
-    rows = 0 for tables by position, N for per-call tables of [B, N] positions."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    cos_ptr, sin_ptr, table_rows = rope
-    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
-    idx = rows[:, None] * HALF + cols[None, :]
-    return gl.load(cos_ptr + idx), gl.load(sin_ptr + idx)
-
-
-@gluon.jit
 def _gl_q_ready(q_tile, q_bar, rope, q_norm, row0, N, batch):
     """Wait for a consumer's rows of the Q tile, then apply Q's transforms to them, if any
-    (`_gl_q_prologue`; RoPE's tables read before the wait, `_gl_q_tables`)."""
+    (`_gl_rows_prologue`; RoPE's tables read before the wait, `_gl_rope_tables`)."""
     ROWS: gl.constexpr = q_tile.shape[0]
     trig = (None, None)
     if rope[0] is not None:
-        trig = _gl_q_tables(rope, ROWS, q_tile.shape[1] // 2, row0, N, batch)
+        trig = _gl_rope_tables(rope, ROWS, q_tile.shape[1] // 2, row0, N, batch)
     mbarrier.wait(q_bar, 0)
     if rope[0] is not None or q_norm[1] is not None:
-        _gl_q_prologue(q_tile, trig, q_norm)
-
-
-@gluon.jit
-def _gl_q_prologue(q_tile, trig, q_norm):
-    """Q's transforms on a consumer's rows of the Q tile in shared memory, in fp32, rounded
-    once to Q's dtype (as the generic kernel's prologue), then fenced for the wgmmas that read
-    the tile. q_norm = (weight or None, eps or None): RMSNorm over the head dim (with eps None,
-    none); trig = (cos, sin) of `_gl_q_tables` or (None, None): RoPE pairing channel c with
-    c + D/2, every channel rotated."""
-    HALF: gl.constexpr = q_tile.shape[1] // 2
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    lo = q_tile.slice(0, HALF, dim=1)
-    hi = q_tile.slice(HALF, HALF, dim=1)
-    x1 = lo.load(layout).to(gl.float32)
-    x2 = hi.load(layout).to(gl.float32)
-    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    w_ptr, eps = q_norm
-    if eps is not None:
-        rstd = gl.rsqrt((gl.sum(x1 * x1, axis=1) + gl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-        x1 = x1 * rstd[:, None]
-        x2 = x2 * rstd[:, None]
-        if w_ptr is not None:
-            x1 = x1 * gl.load(w_ptr + cols).to(gl.float32)[None, :]
-            x2 = x2 * gl.load(w_ptr + HALF + cols).to(gl.float32)[None, :]
-    cos, sin = trig
-    if cos is not None:
-        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    lo.store(x1.to(q_tile.dtype))
-    hi.store(x2.to(q_tile.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
+        _gl_rows_prologue(q_tile, trig, q_norm)
 
 
 @gluon.jit
@@ -476,7 +432,7 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     sink_ptr: None, or the per-head sink logits (HEADS of them). cos_ptr, sin_ptr, qn_w_ptr,
     qn_eps: None (Q arrives transformed), or Q's RoPE tables (rope_rows: their rows per sequence,
     0 for tables by position) and RMSNorm (weight or None, eps) that the consumers apply
-    (`_gl_q_prologue`). fp8_scales: None, or the scales of e4m3 q, k and
+    (`_gl_rows_prologue`). fp8_scales: None, or the scales of e4m3 q, k and
     v (V channel-major, its descriptor's blocks [D, 128]; see `_gl_consumer`); O is written
     through its own shared buffer then, as its dtype is not Q's."""
     descs = (q_desc, k_desc, v_desc, o_desc)

@@ -78,15 +78,20 @@ func.func @alibi(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>, %v: tensor<
 
 // Llama 3 at explicit positions (transformers' position_ids): the launcher computes RoPE's cos and
 // sin tables per call, before either path, and every kernel reads them (4 warps). K's RoPE is the
-// Gluon dK/dV kernel's (`k_rope`: dK stored back through it, no attn_bwd_dk_acc).
+// Gluon dK/dV kernel's (`k_rope`: it rotates the keys of k as given and stores dK back through
+// the RoPE: no attn_bwd_dk_acc); k_rot and rotate_k are the generic kernels' only.
 // CHECK:       tl.launcher "launch"(["q", "k", "v", "qp", "kp", "out_5", "lse_6", "dout_7"]) {
+// CHECK-NOT:     k_rot
 // CHECK:         tl.call "rope_at_0_tables" grid ["_cdiv(qp.numel(), 32)"]
 // CHECK:         tl.call "rope_at_1_tables" grid ["_cdiv(kp.numel(), 32)"]
 // CHECK:         tl.call "rotate_q" {{.*}} num_warps 4 num_stages 1
-// CHECK-NEXT:    tl.call "rotate_k" {{.*}} num_warps 4 num_stages 1
-// CHECK:           tl.gluon_backward "q_rot", "k_rot", {{.*}} -> "dq_acc", "dk", "dv" {{.*}} k_rope ["rope_at_1_cos", "rope_at_1_sin", "kp.shape[1]"]
+// CHECK-NEXT:    tl.host_if "_gluon_bwd_fits(q_rot, k, v, dout_7, lse_6, 2048)" {
+// CHECK:           tl.gluon_backward "q_rot", "k", {{.*}} -> "dq_acc", "dk", "dv" {{.*}} k_rope ["rope_at_1_cos", "rope_at_1_sin", "kp.shape[1]"]
 // CHECK-NEXT:      tl.call "attn_bwd_dq_acc" {{.*}}"qp.shape[1]", "rope_at_0_cos", "rope_at_0_sin", {{.*}} num_warps 16 num_stages 1
 // CHECK-NEXT:    } else {
+// CHECK-NEXT:      tl.alloc "k_rot"
+// CHECK-NEXT:      tl.call "rotate_k" {{.*}} num_warps 4 num_stages 1
+// CHECK-NEXT:      tl.call "attn_bwd_dkdv" {{.*}} args ["q_rot", {{.*}}, "k_rot",
 func.func @llama_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?x?xi64>) -> tensor<?x8x?x128xbf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
   %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?x?xi64>) : tensor<?x2x?x128xbf16>
