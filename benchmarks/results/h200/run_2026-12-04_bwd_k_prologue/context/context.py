@@ -1,19 +1,26 @@
 """The attention backward in isolation vs between large GEMMs (as in a training step), ours vs cuDNN:
 kernel times by torch.profiler. Plain causal, Llama-3-8B shape, N from argv."""
-import sys, json
+
+import json
+import sys
 from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
 import attnfuse as af
 
-out = Path(sys.argv[1]); n = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+out = Path(sys.argv[1])
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
 torch.manual_seed(0)
 b, hq, hkv, d = 1, 32, 8, 128
+
 
 @af.variant
 def causal(q, k, v):
     return af.pv(af.softmax(af.mask(af.qk(q, k), af.causal)), v)
+
 
 q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 k = torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -25,8 +32,10 @@ with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
 a = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16)
 
+
 def bwd(o):
     torch.autograd.grad(o, (q, k, v), g, retain_graph=True)
+
 
 def run(mode, o, reps=30):
     for _ in range(5):
@@ -35,14 +44,22 @@ def run(mode, o, reps=30):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             if mode == "gemm":
-                a @ w; a @ w
+                a @ w
+                a @ w
             bwd(o)
         torch.cuda.synchronize()
     res = {}
     for e in prof.key_averages():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.count >= reps and ("attn" in e.key or "bprop" in e.key or "nvjet" in e.key or "gemm" in e.key.lower() or "rotate" in e.key):
+        if (
+            e.device_type == torch.autograd.DeviceType.CUDA
+            and e.count >= reps
+            and (
+                "attn" in e.key or "bprop" in e.key or "nvjet" in e.key or "gemm" in e.key.lower() or "rotate" in e.key
+            )
+        ):
             res[e.key[:60]] = round(e.self_device_time_total / e.count, 1)
     return res
+
 
 rows = []
 for rnd in range(2):
