@@ -464,19 +464,18 @@ class GluonAttentionOp(_HostOp):
 
 @irdl_op_definition
 class GluonBackwardOp(_HostOp):
-    """`_gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, ...)`: the sm90
-    Gluon backward kernels (`attnfuse/targets/triton/gluon_bwd_sm90.py`, launched by
-    `gluon_bwd_launch.py`) on a q and k holding their transforms (k before its RoPE with
-    `k_rope`): dk = dk_scale · dSᵀ q and
-    dv = Pᵀ dout summed over each kv head's query heads (`attn_bwd_sm90`), and dS·k, unscaled,
-    into the fp32 workspace `dq_acc`: by the ordered dQ kernel (`attn_bwd_dq_sm90`), or, where
-    the host expression `reduce_dq` is true, by TMA reduce-adds from the dK/dV kernel. P and dS
-    come from the variant's `tl.device_fn`s: `range` (the query blocks a block of keys meets),
-    `kv_range` (the key blocks a Q tile meets), `full` and `masked` (P and dS of unmasked and
-    masked blocks), which read the host expressions `args`. With `k_rope` (the cos and sin
-    tables of K's RoPE, half style over every channel, and their rows per sequence: 0 for tables
-    by position), k is given before that RoPE and dk is its gradient: the dK/dV kernel rotates
-    its keys itself and stores dk back through the RoPE. Operands are host expressions."""
+    """`_gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, ...)`: the sm90 Gluon
+    backward kernels (`attnfuse/targets/triton/gluon_bwd_sm90.py`, launched by
+    `gluon_bwd_launch.py`) on a q and k holding their transforms (k before its RoPE with `k_rope`):
+    dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv head's query heads (`attn_bwd_sm90`),
+    and dS·k, unscaled, into the fp32 workspace `dq_acc`: by the ordered dQ kernel
+    (`attn_bwd_dq_sm90`), or, where the host expression `reduce_dq` is true, by TMA reduce-adds from
+    the dK/dV kernel. P and dS come from the variant's `tl.device_fn`s: `range` (the query blocks a
+    block of keys meets), `kv_range` (the key blocks a Q tile meets), `full` and `masked` (P and dS
+    of unmasked and masked blocks), which read the host expressions `args`. With `k_rope` (the cos
+    and sin tables of K's RoPE, half style over every channel, and their rows per sequence: 0 for
+    tables by position), k is given before that RoPE and dk is its gradient: the dK/dV kernel
+    rotates its keys itself and stores dk back through the RoPE. Operands are host expressions."""
 
     name = "tl.gluon_backward"
     q = prop_def(StringAttr)

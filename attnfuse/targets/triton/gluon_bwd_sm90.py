@@ -7,9 +7,9 @@ first `triton.experimental` import on, after `gluon_common.py`'s (`printer.gluon
 `GLUON_BWD_FILES`); here it is an ordinary module, linted and compiled for sm90 by the tests.
 
 What they compute, for q [B, Hq, N, D] and k, v [B, Hkv, N, D] holding their transforms (k
-before its RoPE when that is K's whole chain, `k_rope`, below; GQA: Hq
-a multiple of Hkv; bf16 or fp16; D 64 or 128; N a multiple of 128), dout, the forward's lse and
-delta = rowsum(dout * out); q, k, v, dout, dK and dV each contiguous or in transformers' layout
+before its RoPE when that is K's whole chain, `k_rope` below; GQA: Hq a multiple of Hkv; bf16
+or fp16; D 64 or 128; N a multiple of 128), dout, the forward's lse and delta = rowsum(dout *
+out); q, k, v, dout, dK and dV each contiguous or in transformers' layout
 (a [B, N, H, D] tensor seen through transpose(1, 2): read and written in place, `_gl_at`):
 - `attn_bwd_sm90`: dV = Pᵀ dO and dK = scale · dSᵀ Q of every key, summed over the query heads
   of its group (in registers: no atomics);
@@ -59,7 +59,7 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
   thread's channel pairs c, c + D/2 split out of the accumulator in registers).
 Registers (ptxas, sm_90a, on the CPU): the dQ kernel and the D64 dK/dV kernel do not spill (16
 bytes with `k_rope`); the D128 dK/dV kernel spills about 100 bytes at the Llama shape without the
-reduce-adds (484 when its consumers loaded lse and delta themselves), about 530 with them, 576 with
+reduce-adds (484 when its consumers loaded lse and delta themselves), about 530 with them, 572 with
 `k_rope` (benchmarks/NOTES.md, 2026-12-03 and 2026-12-04).
 """
 
