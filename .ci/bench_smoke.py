@@ -47,6 +47,8 @@ def lanes(out: Path) -> list[list[list[str]]]:
             ["benchmarks/sweep_tiles.py", "--cpu-smoke", "--out", f"{out}/sweep"],
             ["benchmarks/bench_varlen.py", "--cpu-smoke", "--out", f"{out}/varlen"],
             ["benchmarks/bench_fp8.py", "--cpu-smoke", "--out", f"{out}/fp8_speed"],
+            ["benchmarks/gluon/sm90_compile.py", "--shape", "paper", "--form", "ordered"],
+            ["benchmarks/gluon/sm90_compile.py", "--direction", "fwd", "--variant", "causal"],
             # 2 processes, gloo (torchrun --standalone: a free port)
             [*cp, "benchmarks/bench_cp.py", "--smoke", "--out", f"{out}/cp"],
             [*cp, "benchmarks/train_fsdp.py", "--smoke", "--out", f"{out}/fsdp"],
