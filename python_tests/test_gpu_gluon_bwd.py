@@ -173,16 +173,21 @@ def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path
     _check(ir, args, wrt, out, dout, grads)
 
 
-@pytest.mark.parametrize("name", ["causal-d128-bf16", "rope-causal-d128-bf16"])
-def test_transposed_views_take_the_gluon_backward(name: str, folder: Path) -> None:
+@pytest.mark.parametrize(
+    "name,reduce",
+    [("causal-d128-bf16", True), ("rope-causal-d128-bf16", True), ("rope-causal-d128-bf16", False)],
+    ids=["causal-d128-bf16", "rope-causal-d128-bf16", "rope-causal-d128-bf16-ordered"],
+)
+def test_transposed_views_take_the_gluon_backward(name: str, reduce: bool, folder: Path) -> None:
     """The Hugging Face layout: q, k, v (and dout) as [B, N, H, D] tensors transposed to
     [B, H, N, D] views. The Gluon backward reads them in place (TMA views of [B * N, H * D]) and
-    lays the gradients out in the same order, as SDPA does."""
+    lays the gradients out in the same order, as SDPA does; with the ordered dQ kernel too, which
+    reads the keys the dK/dV kernel rotated from a contiguous copy."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
     n = 1024
-    fwd, bwd, wrt = _modules(ir, folder, n)
+    fwd, bwd, wrt = _modules(ir, folder, n, gluon_dq_reduce=reduce)
     counting = _Counting(bwd._gluon_backward)
     bwd._gluon_backward = counting
     args = _inputs(case, n, n)
