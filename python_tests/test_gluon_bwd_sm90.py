@@ -65,6 +65,7 @@ CASES = {
     ),
     "custom-mask-d64-bf16-ordered": (torch.bfloat16, 64, [], [CUSTOM_MASK], "", ["%t: tensor<?xi32>"], False),
     "rope-causal-d128-bf16-ordered": (torch.bfloat16, 128, [ROPE], ["attn.mask {s} causal"], "", [], False),
+    "rope-causal-d64-f16-ordered": (torch.float16, 64, [ROPE], ["attn.mask {s} causal"], "", [], False),
 }
 
 
@@ -119,18 +120,20 @@ def test_generated_backward_kernels_compile_for_sm90(name: str, tmp_path) -> Non
     assert 0 < binary.metadata.shared <= HOPPER_SMEM
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert ("cp.reduce.async.bulk.tensor" in ptx) is reduce  # dQ's shares by TMA reduce-add
-    # K's RoPE alone: the kernel rotates the keys it reads (no rotate_k, which stays for the
-    # generic kernels) and stores dK back through the RoPE, in dK's dtype (k_cos: argument 10);
-    # for the ordered dQ kernel it also stores the rotated keys (k_rot_desc: argument 13, a TMA
-    # store). With QK-norm, K pre-rotated and an fp32 dK for attn_bwd_dk_acc
+    # K's RoPE alone: the kernel stores dK back through it, in dK's dtype (k_cos: argument 10);
+    # at head dim 64 it also rotates the keys it reads (ROTATE_K: no rotate_k, which stays for
+    # the generic kernels), and for the ordered dQ kernel stores them (k_rot_desc: argument 13,
+    # a TMA store). With QK-norm, K pre-rotated and an fp32 dK for attn_bwd_dk_acc
     k_rope_alone = chain == [ROPE]
+    rotates = k_rope_alone and d == 64
     assert (dkdv_args[10] is not None) is k_rope_alone
-    assert (dkdv_args[13] is not None) is (k_rope_alone and not reduce)
-    assert ("rotate_k" in module.launched) is (bool(chain) and not k_rope_alone)
+    assert dkdv_kwargs["ROTATE_K"] is rotates
+    assert (dkdv_args[13] is not None) is (rotates and not reduce)
+    assert ("rotate_k" in module.launched) is (bool(chain) and not rotates)
     assert ("def rotate_k" in source) is bool(chain)
     assert (dkdv_args[7].dtype == dtype) is (not chain or k_rope_alone)
     assert ("def attn_bwd_dk_acc" in source) is (bool(chain) and not k_rope_alone)
-    assert bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)) is (k_rope_alone and not reduce)
+    assert bool(re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared", ptx)) is (rotates and not reduce)
     # Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 x 64 products) take K and V from registers at head dim 64
     # (every such product's first operand a register list), from shared memory at 128 (a descriptor)
     square = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\S*\s+\{[^}]*\},\s*(\{|%rd)", ptx))
@@ -165,31 +168,35 @@ def test_deterministic_algorithms_take_the_ordered_dq_kernel(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    "rope,reduce", [(False, False), (True, False), (True, True)], ids=["causal", "rope-causal", "rope-causal-dq-reduce"]
+    "rope,reduce,d",
+    [(False, False, 128), (True, False, 128), (True, True, 128), (True, False, 64)],
+    ids=["causal", "rope-causal", "rope-causal-dq-reduce", "rope-causal-d64"],
 )
-def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce: bool, tmp_path) -> None:
+def test_the_hugging_face_layout_is_read_and_written_in_place(rope: bool, reduce: bool, d: int, tmp_path) -> None:
     """q, k, v and dout as transformers hands them over (transpose(1, 2) of [B, N, H, D]
     tensors): the Gluon backward kernels (the dK/dV kernel adding dQ's shares up, or it and the
     ordered dQ kernel) read them in place through [B * N, H * D] views and store dK and dV in that
-    order too (`INNER`; q pre-rotated by RoPE is contiguous, and so are the keys the dK/dV kernel
-    rotates for the ordered dQ kernel), compiled for sm 90."""
-    chain = [ROPE.replace("%d", "128")] if rope else []
-    ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=128, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
+    order too (`INNER`; q and k pre-rotated by RoPE are contiguous, and so are the keys the dK/dV
+    kernel rotates itself at head dim 64 for the ordered dQ kernel), compiled for sm 90."""
+    chain = [ROPE.replace("%d", str(d))] if rope else []
+    ir = variant(dtype=torch.bfloat16, hq=8, hkv=2, d=d, q_ops=chain, k_ops=chain, score_ops=["attn.mask {s} causal"])
     source = compile_module(
         parse_module(ir), sm=90, seq_len=4096, direction="bwd", wrt=(0, 1, 2), gluon_dq_reduce=reduce
     ).source
     module, kernels, real = _capturing(source, tmp_path)
-    q, k, v, out, dout = (torch.zeros(2, 256, h, 128, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2, 8, 8))
+    q, k, v, out, dout = (torch.zeros(2, 256, h, d, dtype=torch.bfloat16).transpose(1, 2) for h in (8, 2, 2, 8, 8))
     dq, dk, dv = module.launch(q, k, v, out, torch.zeros(2, 8, 256), dout)
     assert all(g.transpose(1, 2).is_contiguous() for g in (dq, dk, dv))  # as their inputs, as SDPA's
     ((dkdv_args, dkdv_kwargs),) = kernels["attn_bwd_sm90"].calls
     assert dkdv_kwargs["DQ"] is reduce
-    # q, k, v, dO, dK, dV (q pre-rotated; K rotated, and dK back through its RoPE, in the kernel)
-    assert dkdv_kwargs["INNER"] == ((False, True, True, True, True, True) if rope else (True,) * 6)
+    # q, k, v, dO, dK, dV (q pre-rotated; K too at head dim 128, else rotated in the kernel; dK
+    # back through K's RoPE in the kernel)
+    k_inner = not rope or d == 64
+    assert dkdv_kwargs["INNER"] == ((False, k_inner, True, True, True, True) if rope else (True,) * 6)
     launches = [("attn_bwd_sm90", (dkdv_args, dkdv_kwargs))]
     if not reduce:
         ((dq_args, dq_kwargs),) = kernels["attn_bwd_dq_sm90"].calls
-        assert dq_kwargs["INNER"] == ((False, False, True, True) if rope else dkdv_kwargs["INNER"][:4])
+        assert dq_kwargs["INNER"] == ((False, False, True, True) if rope else (True,) * 4)
         launches.append(("attn_bwd_dq_sm90", (dq_args, dq_kwargs)))
     assert len(kernels["attn_bwd_dq_sm90"].calls) == (0 if reduce else 1)
     for name, (args, kwargs) in launches:

@@ -181,8 +181,7 @@ def test_uncovered_calls_take_the_generic_kernels(nq: int, nk: int, folder: Path
 def test_transposed_views_take_the_gluon_backward(name: str, reduce: bool, folder: Path) -> None:
     """The Hugging Face layout: q, k, v (and dout) as [B, N, H, D] tensors transposed to
     [B, H, N, D] views. The Gluon backward reads them in place (TMA views of [B * N, H * D]) and
-    lays the gradients out in the same order, as SDPA does; with the ordered dQ kernel too, which
-    reads the keys the dK/dV kernel rotated from a contiguous copy."""
+    lays the gradients out in the same order, as SDPA does; with the ordered dQ kernel too."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)
@@ -246,7 +245,8 @@ def test_rope_at_explicit_positions(folder: Path) -> None:
 )
 def test_the_ordered_dq_kernel(name: str, folder: Path) -> None:
     """kernel-path dq-reduce=false: dQ by the ordered dQ kernel after the dK/dV kernel (which, for
-    a K chain of one RoPE, rotates the keys itself and stores them for the ordered kernel)."""
+    a K chain of one RoPE at head dim 64, rotates the keys itself and stores them for the ordered
+    kernel)."""
     case = CASES[name]
     b, hq, hkv, d, dtype, pieces, _ = case
     ir = _ir(hq, hkv, d, dtype, pieces)

@@ -7,10 +7,10 @@ first `triton.experimental` import on, after `gluon_common.py`'s (`printer.gluon
 `GLUON_BWD_FILES`); here it is an ordinary module, linted and compiled for sm90 by the tests.
 
 What they compute, for q [B, Hq, N, D] and k, v [B, Hkv, N, D] holding their transforms (k
-before its RoPE when that is K's whole chain, `k_rope` below; GQA: Hq a multiple of Hkv; bf16
-or fp16; D 64 or 128; N a multiple of 128), dout, the forward's lse and delta = rowsum(dout *
-out); q, k, v, dout, dK and dV each contiguous or in transformers' layout
-(a [B, N, H, D] tensor seen through transpose(1, 2): read and written in place, `_gl_at`):
+possibly before its RoPE, `ROTATE_K` below; GQA: Hq a multiple of Hkv; bf16 or fp16; D 64 or
+128; N a multiple of 128), dout, the forward's lse and delta = rowsum(dout * out); q, k, v,
+dout, dK and dV each contiguous or in transformers' layout (a [B, N, H, D] tensor seen through
+transpose(1, 2): read and written in place, `_gl_at`):
 - `attn_bwd_sm90`: dV = Pᵀ dO and dK = scale · dSᵀ Q of every key, summed over the query heads
   of its group (in registers: no atomics);
 - dQ = dS K, unscaled, in fp32: `attn_bwd_sm90` adds each block of keys' share of it into a
@@ -26,10 +26,11 @@ fp32 product with the forward's arithmetic and take dS through the score ops' de
 `RANGE_Q` / `RANGE_KV` give the query rows a block of keys meets and the keys a block of queries
 meets (and which of them need no mask code). Q's chain (inverse RoPE, RMSNorm backward) runs in
 a generated kernel after these, on the fp32 workspace; so does K's, unless it is one RoPE of the
-`half` style over every channel, which the dK/dV kernel applies itself (`k_rope`): its
-consumers rotate their keys in shared memory once they arrive (`_gl_rows_prologue`, as the
-forward rotates Q; for the ordered dQ kernel they also store them, by TMA, to a k_rot buffer it
-reads), and the epilogue takes dK back through the RoPE.
+`half` style over every channel, whose derivative the dK/dV kernel's epilogue applies itself
+(`k_rope`). With `ROTATE_K` it applies that RoPE too: its consumers rotate their keys in shared
+memory once they arrive (`_gl_rows_prologue`, as the forward rotates Q; for the ordered dQ
+kernel they also store them, by TMA, to a k_rot buffer it reads), so k comes as given, not
+pre-rotated. The compiler asks for that at head dim 64 (`gluon_bwd_to_tl.ROTATE_K_HEAD_DIMS`).
 
 How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Triton 3.6's Gluon):
 - dK/dV: one program per 128 keys of a (batch, kv head), every head's lowest keys first (under a
@@ -196,10 +197,10 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
 @gluon.jit
 def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS, XARGS,
                   STAGES: gl.constexpr, WG: gl.constexpr, RANGE: gl.constexpr, HOOK_FULL: gl.constexpr,
-                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, INNER: gl.constexpr):
-    """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: rotated by K's RoPE in shared memory
-    when k_rope's tables are given (and then stored to k_rot_desc's tensor, if any, for the
-    ordered dQ kernel), every query block of every query head of the group (masked, unmasked,
+                  HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, ROTATE_K: gl.constexpr, INNER: gl.constexpr):
+    """Keys [k0 + 64·WG, k0 + 64·WG + 64) of the program: with ROTATE_K, rotated by K's RoPE (of
+    k_rope's tables) in shared memory (and then stored to k_rot_desc's tensor, if any, for the
+    ordered dQ kernel); every query block of every query head of the group (masked, unmasked,
     masked), then dK·dk_scale (back through K's RoPE with k_rope, `_glb_store_unrotated`) and dV
     stored."""
     q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc = descs
@@ -217,7 +218,7 @@ def _glb_consumer(descs, bufs, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc,
     dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
     k_w = k_smem.slice(KEYS * WG, KEYS)
     v_w = v_smem.slice(KEYS * WG, KEYS)
-    if k_rope[0] is None:
+    if not ROTATE_K:
         mbarrier.wait(kv_bar, 0)
     else:  # K's RoPE on this consumer's keys; the other's dQ products read them after the dS barrier
         trig = _gl_rope_tables(k_rope, KEYS, HEAD_D // 2, row0, N, off_bk // (HEADS // GROUP))
@@ -355,15 +356,16 @@ def _glb_writer(descs, bufs0, bufs1, N, GROUP, RANGE: gl.constexpr):
 @gluon.jit
 def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, dk_ptr, dv_ptr, dk_scale, k_cos_ptr,
                   k_sin_ptr, k_rope_rows, k_rot_desc, N, GROUP, HEADS, XARGS, STAGES: gl.constexpr, RANGE: gl.constexpr,
-                  HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr, DQ: gl.constexpr,
+                  HOOK_FULL: gl.constexpr, HOOK_MASKED: gl.constexpr, DQ: gl.constexpr, ROTATE_K: gl.constexpr,
                   INNER: gl.constexpr = (False, False, False, False, False, False)):
     """dK, dV (and, with DQ, dQ's shares into the workspace of dq_desc) of 128 keys: a TMA
     producer warp and two consumer warpgroups of 64 keys each sharing a STAGES-deep ring of
     Q and dO blocks, and with DQ a writer warp adding the consumers' halves of dQ's shares into
-    the workspace (see the module docstring). With k_cos_ptr (k_sin_ptr, k_rope_rows): k is
-    given before its RoPE, whose tables these are: the consumers rotate their keys in shared
-    memory (and store them to k_rot_desc's [B * Hkv * N, D] tensor, given for the ordered dQ
-    kernel), and dK is stored back through it (`_glb_store_unrotated`).
+    the workspace (see the module docstring). With k_cos_ptr (k_sin_ptr, k_rope_rows): the
+    tables of K's RoPE, through which dK is stored back (`_glb_store_unrotated`); with ROTATE_K
+    too, k is given before that RoPE and the consumers rotate their keys in shared memory (and
+    store them to k_rot_desc's [B * Hkv * N, D] tensor, given for the ordered dQ kernel), else k
+    holds it.
     num_warps=4. INNER: whether q, k, v, dO, dK and dV
     (in that order; HEADS query heads) have their heads inner to their sequence (`_gl_at`), else
     they are contiguous."""
@@ -427,9 +429,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
         gl.warp_specialize(
             [
                 (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
-                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, ROTATE_K, INNER)),
                 (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
-                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, ROTATE_K, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
                 (_glb_writer, (descs, bufs0, bufs1, N, GROUP, RANGE)),
             ],
@@ -440,9 +442,9 @@ def attn_bwd_sm90(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc
         gl.warp_specialize(
             [
                 (_glb_consumer, (descs, bufs0, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
-                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                                 XARGS, STAGES, 0, RANGE, HOOK_FULL, HOOK_MASKED, DQ, ROTATE_K, INNER)),
                 (_glb_consumer, (descs, bufs1, kv, dk_ptr, dv_ptr, dk_scale, k_rope, k_rot_desc, N, GROUP, HEADS,
-                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, INNER)),
+                                 XARGS, STAGES, 1, RANGE, HOOK_FULL, HOOK_MASKED, DQ, ROTATE_K, INNER)),
                 (_glb_producer, (descs, bufs0, kv, N, GROUP, HEADS, STAGES, RANGE, INNER)),
             ],
             [4, 1],

@@ -274,3 +274,11 @@ tl.launcher "launch"(["q"]) {
   tl.gluon_backward "q", "q", "q", "q", "lse", "delta" -> "dq", "dk", "dv" scale 1.000000e+00 range @f kv_range @f full @f masked @f k_rope ["cos", "sin"]
 }
 // CHECK: tl.gluon_backward `k_rope` names three host values: the cos and sin tables and their rows per sequence
+
+// -----
+
+// The Gluon backward applies K's RoPE itself (`rotate_k`) only with the RoPE's tables.
+tl.launcher "launch"(["q"]) {
+  tl.gluon_backward "q", "q", "q", "q", "lse", "delta" -> "dq", "dk", "dv" scale 1.000000e+00 range @f kv_range @f full @f masked @f rotate_k
+}
+// CHECK: tl.gluon_backward `rotate_k` applies K's RoPE: it needs `k_rope`, the RoPE's tables

@@ -78,20 +78,16 @@ func.func @alibi(%q: tensor<?x8x?x64xf16>, %k: tensor<?x8x?x64xf16>, %v: tensor<
 
 // Llama 3 at explicit positions (transformers' position_ids): the launcher computes RoPE's cos and
 // sin tables per call, before either path, and every kernel reads them (4 warps). K's RoPE is the
-// Gluon dK/dV kernel's (`k_rope`: it rotates the keys of k as given and stores dK back through
-// the RoPE: no attn_bwd_dk_acc); k_rot and rotate_k are the generic kernels' only.
+// Gluon dK/dV kernel's (`k_rope`: dK stored back through it, no attn_bwd_dk_acc; K pre-rotated at
+// head dim 128).
 // CHECK:       tl.launcher "launch"(["q", "k", "v", "qp", "kp", "out_5", "lse_6", "dout_7"]) {
-// CHECK-NOT:     k_rot
 // CHECK:         tl.call "rope_at_0_tables" grid ["_cdiv(qp.numel(), 32)"]
 // CHECK:         tl.call "rope_at_1_tables" grid ["_cdiv(kp.numel(), 32)"]
 // CHECK:         tl.call "rotate_q" {{.*}} num_warps 4 num_stages 1
-// CHECK-NEXT:    tl.host_if "_gluon_bwd_fits(q_rot, k, v, dout_7, lse_6, 2048)" {
-// CHECK:           tl.gluon_backward "q_rot", "k", {{.*}} -> "dq_acc", "dk", "dv" {{.*}} k_rope ["rope_at_1_cos", "rope_at_1_sin", "kp.shape[1]"]
+// CHECK-NEXT:    tl.call "rotate_k" {{.*}} num_warps 4 num_stages 1
+// CHECK:           tl.gluon_backward "q_rot", "k_rot", {{.*}} -> "dq_acc", "dk", "dv" {{.*}} k_rope ["rope_at_1_cos", "rope_at_1_sin", "kp.shape[1]"]
 // CHECK-NEXT:      tl.call "attn_bwd_dq_acc" {{.*}}"qp.shape[1]", "rope_at_0_cos", "rope_at_0_sin", {{.*}} num_warps 16 num_stages 1
 // CHECK-NEXT:    } else {
-// CHECK-NEXT:      tl.alloc "k_rot"
-// CHECK-NEXT:      tl.call "rotate_k" {{.*}} num_warps 4 num_stages 1
-// CHECK-NEXT:      tl.call "attn_bwd_dkdv" {{.*}} args ["q_rot", {{.*}}, "k_rot",
 func.func @llama_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16>, %v: tensor<?x2x?x128xbf16>, %qp: tensor<?x?xi64>, %kp: tensor<?x?xi64>) -> tensor<?x8x?x128xbf16> {
   %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : tensor<?x8x?x128xbf16>
   %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?x?xi64>) : tensor<?x2x?x128xbf16>
@@ -100,4 +96,29 @@ func.func @llama_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
   %o = attn.pv %p, %v : !attn.probs<8>, tensor<?x2x?x128xbf16> -> tensor<?x8x?x128xbf16>
   func.return %o : tensor<?x8x?x128xbf16>
+}
+
+// -----
+
+// The paper shape (head dim 64) with RoPE: the Gluon dK/dV kernel applies K's RoPE itself
+// (`rotate_k`: its consumers rotate the keys of k as given, and store them for the ordered dQ
+// kernel), so k_rot and rotate_k are the generic kernels' only. At head dim 128 (above) K is
+// pre-rotated and the kernel only takes dK back through the RoPE.
+// CHECK:       tl.launcher "launch"(["q", "k", "v", "out_3", "lse_4", "dout_5"]) {
+// CHECK-NOT:     "k_rot"
+// CHECK:         tl.call "rotate_q"
+// CHECK-NEXT:    tl.host_if "_gluon_bwd_fits(q_rot, k, v, dout_5, lse_4, 2048)" {
+// CHECK:           tl.gluon_backward "q_rot", "k", {{.*}} k_rope ["rope_0_cos", "rope_0_sin", "0"] rotate_k
+// CHECK:         } else {
+// CHECK-NEXT:      tl.alloc "k_rot"
+// CHECK-NEXT:      tl.call "rotate_k"
+// CHECK-NEXT:      tl.call "attn_bwd_dkdv" {{.*}} args ["q_rot", {{.*}}, "k_rot",
+func.func @paper_rope(%q: tensor<?x12x?x64xf16>, %k: tensor<?x12x?x64xf16>, %v: tensor<?x12x?x64xf16>) -> tensor<?x12x?x64xf16> {
+  %qr = attn.rope %q half theta = 10000.0 rotary_dim = 64 : tensor<?x12x?x64xf16>
+  %kr = attn.rope %k half theta = 10000.0 rotary_dim = 64 : tensor<?x12x?x64xf16>
+  %s = attn.qk %qr, %kr : tensor<?x12x?x64xf16>, tensor<?x12x?x64xf16> -> !attn.scores<12>
+  %m = attn.mask %s causal : !attn.scores<12>
+  %p = attn.softmax %m : !attn.scores<12> -> !attn.probs<12>
+  %o = attn.pv %p, %v : !attn.probs<12>, tensor<?x12x?x64xf16> -> tensor<?x12x?x64xf16>
+  func.return %o : tensor<?x12x?x64xf16>
 }
