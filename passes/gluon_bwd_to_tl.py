@@ -13,7 +13,7 @@ generic backward's kernels, plus what the sm90 Gluon backward kernel
   applied (inverse RoPE, RMSNorm backward, a norm weight's gradient share); `attn_bwd_dk_acc`
   the same for K when K has a chain other than one RoPE of the `half` style over every channel
   (the Gluon kernel writes dK itself, through that RoPE's derivative when K has it; at the
-  head dims of `ROTATE_K_HEAD_DIMS` it also applies the RoPE, to k as given, so that
+  head dims of `APPLY_K_ROPE_HEAD_DIMS` it also applies the RoPE, to k as given, so that
   `rotate_k` and its `k_rot` are the generic kernels' only).
 - The launcher: `if _gluon_bwd_fits(...)`: the Gluon kernels (with kernel-path's `dq-reduce`, the
   default, dQ's TMA reduce-adds from the dK/dV kernel unless `torch.use_deterministic_algorithms`
@@ -36,13 +36,13 @@ from attnfuse.passes.kv_segments import kv_segments, q_segments
 from attnfuse.passes.launcher_to_tl import KernelCall, LoweredFunction, call_op, device_fn_op
 from attnfuse.passes.tl_builder import KernelBuilder, Params
 
-ROTATE_K_HEAD_DIMS = (64,)
-"""Head dims at which the dK/dV kernel applies K's RoPE itself (`tl.gluon_backward ... rotate_k`),
-its consumers rotating their keys in shared memory; at the others `rotate_k` pre-rotates K and
-the kernel only takes dK back through the RoPE. H200, RoPE + causal: at head dim 64 (paper
-shape) the dK/dV kernel was 13-14 µs faster at N = 4096 with the rotation in it, and rotate_k's 16
-µs went; at 128 (Llama) the kernel was 17-21 µs slower at 4096, about what rotate_k (7 µs) and its
-k_rot saved (benchmarks/NOTES.md, 2026-12-04, fifteenth session)."""
+APPLY_K_ROPE_HEAD_DIMS = (64,)
+"""Head dims at which the dK/dV kernel applies K's RoPE itself (`tl.gluon_backward ... apply_k_rope`),
+its consumers rotating their keys in shared memory; at the others the pre-rotation kernel `rotate_k`
+rotates K and the kernel only takes dK back through the RoPE. H200, RoPE + causal: at head dim 64
+(paper shape) the dK/dV kernel was 13-14 µs faster at N = 4096 with the rotation in it, and
+rotate_k's 16 µs went; at 128 (Llama) the kernel was 17-21 µs slower at 4096, about what rotate_k (7
+µs) and its k_rot saved (benchmarks/NOTES.md, 2026-12-04, fifteenth session)."""
 
 
 class GluonBackwardLowering(BackwardLowering):
@@ -66,7 +66,8 @@ class GluonBackwardLowering(BackwardLowering):
         k_rope = self.k_rope()
         if self.k.grads and k_rope is None:
             extra.append(self.acc_kernel(self.k))
-        launcher = self.gluon_launcher(calls, fns, extra, k_rope, k_rope is not None and self.d in ROTATE_K_HEAD_DIMS)
+        apply_k_rope = k_rope is not None and self.d in APPLY_K_ROPE_HEAD_DIMS
+        launcher = self.gluon_launcher(calls, fns, extra, k_rope, apply_k_rope)
         kernels = [c.kernel for c in calls + extra]
         return self.lowered(kernels, launcher, fns)
 
@@ -196,13 +197,13 @@ class GluonBackwardLowering(BackwardLowering):
         fns: list[tl.DeviceFnOp],
         acc: list[KernelCall],
         k_rope: tuple[str, str, str] | None,
-        rotate_k: bool,
+        apply_k_rope: bool,
     ) -> tl.LauncherOp:
         """The generic launcher (of `calls`) with its dK/dV and dQ launches replaced by `if
         _gluon_bwd_fits(...)`: the Gluon kernels (with `fns`, the `hooks`; K's RoPE tables
-        `k_rope`, when the dK/dV kernel applies its derivative; with `rotate_k`, the RoPE too, on
+        `k_rope`, when the dK/dV kernel applies its derivative; with `apply_k_rope`, the RoPE too, on
         k as given) and the workspaces' kernels `acc`; else the generic ones (after K's
-        pre-rotation, with `rotate_k`)."""
+        pre-rotation, with `apply_k_rope`)."""
         launcher = self.backward_launcher(calls)
         ops = list(launcher.body.block.ops)
         launches = [
@@ -210,9 +211,9 @@ class GluonBackwardLowering(BackwardLowering):
         ]
         q, k, v = (self.host_name(a) for a in (self.chains.q_arg, self.chains.k_arg, self.chains.v_arg))
         q_in = "q_rot" if self.q.pre else q  # the pre-rotation kernels' outputs (`kernels`)
-        k_in = "k_rot" if self.k.pre and not rotate_k else k
+        k_in = "k_rot" if self.k.pre and not apply_k_rope else k
         generic: list[Operation] = []
-        if rotate_k:  # the Gluon kernel rotates K itself: k_rot is the generic kernels'
+        if apply_k_rope:  # the Gluon kernel rotates K itself: k_rot is the generic kernels'
             generic = [op for op in ops if _defines_k_rot(op)]
         then: list[Operation] = [
             tl.AllocOp(
@@ -239,7 +240,7 @@ class GluonBackwardLowering(BackwardLowering):
                 "not _gl_deterministic()" if reduces_dq(self.chains.func) else None,
                 self.xargs,
                 k_rope,
-                rotate_k,
+                apply_k_rope,
             )
         )
         then += [call_op(c) for c in acc]

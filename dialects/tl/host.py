@@ -467,7 +467,7 @@ class GluonBackwardOp(_HostOp):
     """`_gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, ...)`: the sm90 Gluon
     backward kernels (`attnfuse/targets/triton/gluon_bwd_sm90.py`, launched by
     `gluon_bwd_launch.py`) on a q and k holding their transforms (k before its RoPE with
-    `rotate_k`): dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv head's query heads
+    `apply_k_rope`): dk = dk_scale · dSᵀ q and dv = Pᵀ dout summed over each kv head's query heads
     (`attn_bwd_sm90`), and dS·k, unscaled, into the fp32 workspace `dq_acc`: by the ordered dQ
     kernel (`attn_bwd_dq_sm90`), or, where the host expression `reduce_dq` is true, by TMA
     reduce-adds from the dK/dV kernel. P and dS come from the variant's `tl.device_fn`s: `range`
@@ -475,8 +475,8 @@ class GluonBackwardOp(_HostOp):
     `masked` (P and dS of unmasked and masked blocks), which read the host expressions `args`. With
     `k_rope` (the cos and sin tables of K's RoPE, half style over every channel, and their rows per
     sequence: 0 for tables by position), dk is the gradient of k before that RoPE: the dK/dV kernel
-    stores it back through the RoPE; with `rotate_k` too, k is given before the RoPE and the kernel
-    applies it to its keys itself. Operands are host expressions."""
+    stores it back through the RoPE; with `apply_k_rope` too, k is given before the RoPE and the
+    kernel applies it to its keys itself. Operands are host expressions."""
 
     name = "tl.gluon_backward"
     q = prop_def(StringAttr)
@@ -496,11 +496,11 @@ class GluonBackwardOp(_HostOp):
     reduce_dq = opt_prop_def(StringAttr)
     args = opt_prop_def(ArrayAttr[StringAttr])
     k_rope = opt_prop_def(ArrayAttr[StringAttr])
-    rotate_k = opt_prop_def(UnitAttr)
+    apply_k_rope = opt_prop_def(UnitAttr)
     assembly_format = (
         "$q `,` $k `,` $v `,` $dout `,` $lse `,` $delta `->` $dq_acc `,` $dk `,` $dv `scale` $dk_scale"
         " `range` $range_fn `kv_range` $kv_range_fn `full` $full `masked` $masked"
-        " (`reduce_dq` $reduce_dq^)? (`args` $args^)? (`k_rope` $k_rope^)? (`rotate_k` $rotate_k^)? attr-dict"
+        " (`reduce_dq` $reduce_dq^)? (`args` $args^)? (`k_rope` $k_rope^)? (`apply_k_rope` $apply_k_rope^)? attr-dict"
     )
 
     def __init__(
@@ -512,7 +512,7 @@ class GluonBackwardOp(_HostOp):
         reduce_dq: str | None = None,
         args: Sequence[str] = (),
         k_rope: tuple[str, str, str] | None = None,
-        rotate_k: bool = False,
+        apply_k_rope: bool = False,
     ):
         q, k, v, dout, lse, delta = tensors
         dq_acc, dk, dv = outputs
@@ -528,8 +528,8 @@ class GluonBackwardOp(_HostOp):
             props["args"] = ArrayAttr(StringAttr(a) for a in args)
         if k_rope is not None:
             props["k_rope"] = ArrayAttr(StringAttr(t) for t in k_rope)
-        if rotate_k:
-            props["rotate_k"] = UnitAttr()
+        if apply_k_rope:
+            props["apply_k_rope"] = UnitAttr()
         super().__init__(properties=props)
 
     def verify_(self) -> None:
@@ -537,5 +537,7 @@ class GluonBackwardOp(_HostOp):
             raise VerifyException(
                 "tl.gluon_backward `k_rope` names three host values: the cos and sin tables and their rows per sequence"
             )
-        if self.rotate_k is not None and self.k_rope is None:
-            raise VerifyException("tl.gluon_backward `rotate_k` applies K's RoPE: it needs `k_rope`, the RoPE's tables")
+        if self.apply_k_rope is not None and self.k_rope is None:
+            raise VerifyException(
+                "tl.gluon_backward `apply_k_rope` applies K's RoPE: it needs `k_rope`, the RoPE's tables"
+            )

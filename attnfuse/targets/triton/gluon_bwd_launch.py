@@ -80,7 +80,7 @@ def _gl_deterministic():
 
 
 def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, xargs=(), reduce_dq=False,
-                    k_rope=None, rotate_k=False):
+                    k_rope=None, apply_k_rope=False):
     """dK·dk_scale into `dk`, dV into `dv` by `attn_bwd_sm90`, and dS·K (unscaled, fp32) into
     `dq_acc`: by `attn_bwd_dq_sm90` after it (ordered: bitwise reproducible), or, when
     `reduce_dq`, by TMA reduce-adds from `attn_bwd_sm90` itself into the zeroed workspace. For
@@ -93,7 +93,7 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     their heads inner (as `_empty_ordered` lays them out for such a k and v). k_rope: None, or
     the (cos, sin, rows) tables [*, D/2] of K's RoPE (half style, every channel; read at row
     b * rows + n for key n of sequence b, rows 0: by position): dk is then the gradient of k
-    before it, which the dK/dV kernel stores back through the RoPE. rotate_k (with k_rope): k is
+    before it, which the dK/dV kernel stores back through the RoPE. apply_k_rope (with k_rope): k is
     given before its RoPE, and the dK/dV kernel rotates its keys itself (and writes them out for
     the ordered dQ kernel); else k holds it."""
     q, k, v, dout = (x if x.is_contiguous() or _gl_inner(x) else x.contiguous() for x in (q, k, v, dout))
@@ -110,7 +110,7 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     range_q, range_kv, full, masked = hooks
     k_cos, k_sin, k_rows = k_rope if k_rope is not None else (None, None, 0)
     k_rot = k_rot_desc = None  # the rotated keys, for the ordered dQ kernel
-    if rotate_k and not reduce_dq:
+    if apply_k_rope and not reduce_dq:
         k_rot = torch.empty((b, k.shape[1], n, d), dtype=k.dtype, device=k.device)
         k_rot_desc = _gl_desc(*_gl_view(k_rot, False, _GLB_ROWS, q_layout))
     # Heads along the grid's first axis: every head's lowest (under a causal mask, heaviest)
@@ -123,15 +123,15 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
             _glb_rows_desc(delta), dk, dv, float(dk_scale), k_cos, k_sin, k_rows, k_rot_desc, n, group, hq, xargs)
     spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq), inner,
             tuple(_gl_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_gl_spec(x) for x in xargs))
-    rope_key = k_rope is None or (_gl_spec(k_cos), _gl_spec(k_sin), _gl_spec(k_rows), rotate_k)
+    rope_key = k_rope is None or (_gl_spec(k_cos), _gl_spec(k_sin), _gl_spec(k_rows), apply_k_rope)
     key = ("dkdv", reduce_dq, dk.dtype, rope_key, *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
-                                                 HOOK_MASKED=masked, DQ=reduce_dq, ROTATE_K=rotate_k, INNER=inner,
+                                                 HOOK_MASKED=masked, DQ=reduce_dq, ROTATE_K=apply_k_rope, INNER=inner,
                                                  num_warps=4)
     else:  # the binary directly, without Triton's per-call argument binding
-        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, rotate_k, inner)
+        binary[grid](*args, _GLB_STAGES, range_q, full, masked, reduce_dq, apply_k_rope, inner)
     if reduce_dq:
         return
     q_tile_layout, kv_block_layout = _glbq_layouts(d, q.dtype)

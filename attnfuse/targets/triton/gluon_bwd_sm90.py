@@ -30,7 +30,7 @@ a generated kernel after these, on the fp32 workspace; so does K's, unless it is
 (`k_rope`). With `ROTATE_K` it applies that RoPE too: its consumers rotate their keys in shared
 memory once they arrive (`_gl_rows_prologue`, as the forward rotates Q; for the ordered dQ
 kernel they also store them, by TMA, to a k_rot buffer it reads), so k comes as given, not
-pre-rotated. The compiler asks for that at head dim 64 (`gluon_bwd_to_tl.ROTATE_K_HEAD_DIMS`).
+pre-rotated. The compiler asks for that at head dim 64 (`gluon_bwd_to_tl.APPLY_K_ROPE_HEAD_DIMS`).
 
 How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Triton 3.6's Gluon):
 - dK/dV: one program per 128 keys of a (batch, kv head), every head's lowest keys first (under a

@@ -481,8 +481,8 @@ def _gluon_bwd_args(h: tl.GluonBackwardOp) -> str:
         args.append(f"reduce_dq={h.reduce_dq.data}")
     if h.k_rope is not None:
         args.append(f"k_rope=({', '.join(t.data for t in h.k_rope)})")
-    if h.rotate_k is not None:
-        args.append("rotate_k=True")
+    if h.apply_k_rope is not None:
+        args.append("apply_k_rope=True")
     return ", ".join(args)
 
 

@@ -277,8 +277,8 @@ tl.launcher "launch"(["q"]) {
 
 // -----
 
-// The Gluon backward applies K's RoPE itself (`rotate_k`) only with the RoPE's tables.
+// The Gluon backward applies K's RoPE itself (`apply_k_rope`) only with the RoPE's tables.
 tl.launcher "launch"(["q"]) {
-  tl.gluon_backward "q", "q", "q", "q", "lse", "delta" -> "dq", "dk", "dv" scale 1.000000e+00 range @f kv_range @f full @f masked @f rotate_k
+  tl.gluon_backward "q", "q", "q", "q", "lse", "delta" -> "dq", "dk", "dv" scale 1.000000e+00 range @f kv_range @f full @f masked @f apply_k_rope
 }
-// CHECK: tl.gluon_backward `rotate_k` applies K's RoPE: it needs `k_rope`, the RoPE's tables
+// CHECK: tl.gluon_backward `apply_k_rope` applies K's RoPE: it needs `k_rope`, the RoPE's tables

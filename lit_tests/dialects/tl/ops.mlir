@@ -96,7 +96,7 @@ tl.launcher "launch"(["x", "ids"]) {
     tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score
     tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score reduce_dq "not _gl_deterministic()" args ["ids"]
     tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"]
-    tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"] rotate_k
+    tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"] apply_k_rope
   } else {
     tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
   }
@@ -195,7 +195,7 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score
 // CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score reduce_dq "not _gl_deterministic()" args ["ids"]
 // CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"]
-// CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"] rotate_k
+// CHECK-NEXT:       tl.gluon_backward "x", "x", "x", "out", "ws", "ws" -> "ws", "x", "x" scale 1.250000e-01 range @score kv_range @score full @score masked @score k_rope ["cos", "sin", "0"] apply_k_rope
 // CHECK-NEXT:     } else {
 // CHECK-NEXT:       tl.call "all_ops" grid ["1", "1"] args ["x", "ids", "x.shape[0]", "16"] num_warps 4 num_stages 2
 // CHECK-NEXT:     }
@@ -228,5 +228,5 @@ tl.launcher "launch"(["x", "ids"]) {
 // CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score, reduce_dq = "not _gl_deterministic()", args = ["ids"]}> : () -> ()
 // CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score, k_rope = ["cos", "sin", "0"]}> : () -> ()
-// CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score, k_rope = ["cos", "sin", "0"], rotate_k}> : () -> ()
+// CHECK-GENERIC-NEXT:     "tl.gluon_backward"() <{q = "x", k = "x", v = "x", dout = "out", lse = "ws", delta = "ws", dq_acc = "ws", dk = "x", dv = "x", dk_scale = 1.250000e-01 : f64, range_fn = @score, kv_range_fn = @score, full = @score, masked = @score, k_rope = ["cos", "sin", "0"], apply_k_rope}> : () -> ()
 // CHECK-GENERIC-NEXT:   }, {

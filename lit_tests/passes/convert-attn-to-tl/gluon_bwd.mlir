@@ -101,14 +101,14 @@ func.func @llama_positions(%q: tensor<?x8x?x128xbf16>, %k: tensor<?x2x?x128xbf16
 // -----
 
 // The paper shape (head dim 64) with RoPE: the Gluon dK/dV kernel applies K's RoPE itself
-// (`rotate_k`: its consumers rotate the keys of k as given, and store them for the ordered dQ
+// (`apply_k_rope`: its consumers rotate the keys of k as given, and store them for the ordered dQ
 // kernel), so k_rot and rotate_k are the generic kernels' only. At head dim 128 (above) K is
 // pre-rotated and the kernel only takes dK back through the RoPE.
 // CHECK:       tl.launcher "launch"(["q", "k", "v", "out_3", "lse_4", "dout_5"]) {
 // CHECK-NOT:     "k_rot"
 // CHECK:         tl.call "rotate_q"
 // CHECK-NEXT:    tl.host_if "_gluon_bwd_fits(q_rot, k, v, dout_5, lse_4, 2048)" {
-// CHECK:           tl.gluon_backward "q_rot", "k", {{.*}} k_rope ["rope_0_cos", "rope_0_sin", "0"] rotate_k
+// CHECK:           tl.gluon_backward "q_rot", "k", {{.*}} k_rope ["rope_0_cos", "rope_0_sin", "0"] apply_k_rope
 // CHECK:         } else {
 // CHECK-NEXT:      tl.alloc "k_rot"
 // CHECK-NEXT:      tl.call "rotate_k"
