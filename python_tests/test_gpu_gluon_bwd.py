@@ -202,30 +202,34 @@ def test_transposed_views_take_the_gluon_backward(name: str, reduce: bool, folde
     _check(ir, args, wrt, out, dout, grads)
 
 
-LLAMA_AT_POSITIONS = """
+AT_POSITIONS = """
 func.func @f(%q: {q}, %k: {kv}, %v: {kv}, %qp: tensor<?x?xi64>, %kp: tensor<?xi32>) -> {q} {{
-  %qr = attn.rope %q half theta = 500000.0 rotary_dim = 128 positions(%qp : tensor<?x?xi64>) : {q}
-  %kr = attn.rope %k half theta = 500000.0 rotary_dim = 128 positions(%kp : tensor<?xi32>) : {kv}
+  %qr = attn.rope %q half theta = 500000.0 rotary_dim = {d} positions(%qp : tensor<?x?xi64>) : {q}
+  %kr = attn.rope %k half theta = 500000.0 rotary_dim = {d} positions(%kp : tensor<?xi32>) : {kv}
   %s = attn.qk %qr, %kr : {q}, {kv} -> !attn.scores<8>
   %m = attn.mask %s causal : !attn.scores<8>
   %p = attn.softmax %m : !attn.scores<8> -> !attn.probs<8>
   %o = attn.pv %p, %v : !attn.probs<8>, {kv} -> {q}
   func.return %o : {q}
 }}
-""".format(q="tensor<?x8x?x128xbf16>", kv="tensor<?x2x?x128xbf16>")
+"""
+"""Llama-3-style RoPE at explicit positions, 8 query heads over 2 kv heads, bf16, at head dim {d}."""
 
 
-def test_rope_at_explicit_positions(folder: Path) -> None:
+@pytest.mark.parametrize("d", [128, 64])
+def test_rope_at_explicit_positions(d: int, folder: Path) -> None:
     """RoPE at explicit positions (q's [B, N], each sequence at its own offset, as transformers'
     position_ids of a shard; k's [N], reversed): the launcher's per-call cos/sin tables, read by
-    the Gluon forward's Q prologue, the pre-rotations and the kernels that finish dQ and dK; the
-    output and the gradients against float64."""
+    the Gluon forward's Q prologue, the pre-rotations, the dK/dV kernel (which at head dim 64
+    rotates the keys itself) and the kernels that finish dQ and dK; the output and the gradients
+    against float64."""
     n, b = 1024, 2
-    fwd, bwd, wrt = _modules(LLAMA_AT_POSITIONS, folder, n)
+    ir = AT_POSITIONS.format(q=f"tensor<?x8x?x{d}xbf16>", kv=f"tensor<?x2x?x{d}xbf16>", d=d)
+    fwd, bwd, wrt = _modules(ir, folder, n)
     counting = _Counting(bwd._gluon_backward)
     bwd._gluon_backward = counting
     g = torch.Generator().manual_seed(3)
-    xs = [torch.randn(b, h, n, 128, generator=g).to(torch.bfloat16) for h in (8, 2, 2)]
+    xs = [torch.randn(b, h, n, d, generator=g).to(torch.bfloat16) for h in (8, 2, 2)]
     qp = torch.arange(n)[None, :] + torch.tensor([[0], [70000]])
     kp = torch.arange(n - 1, -1, -1, dtype=torch.int32) * 3
     args = [*xs, qp, kp]
@@ -234,10 +238,10 @@ def test_rope_at_explicit_positions(folder: Path) -> None:
     out, dout, grads = _run(fwd, bwd, args)
     assert fwd_calls.calls == 1 and "rotate_q" not in Path(fwd.__file__).read_text(), "Q's RoPE: the Gluon kernel's"
     assert counting.calls == 1, "the Gluon backward did not run"
-    ref = run_reference(LLAMA_AT_POSITIONS, *args, compute_dtype=torch.float64)
+    ref = run_reference(ir, *args, compute_dtype=torch.float64)
     err = ((out.double().cpu() - ref).abs() - 3e-2 * ref.abs()).max().item()
     assert err <= 3e-2, f"output: max |out - ref| - tol |ref| = {err:.3e}"
-    _check(LLAMA_AT_POSITIONS, args, wrt, out, dout, grads)
+    _check(ir, args, wrt, out, dout, grads)
 
 
 @pytest.mark.parametrize(
