@@ -1,6 +1,7 @@
 # type: ignore
-"""The host side of the sm90 Gluon backward (`gluon_bwd_sm90.py`): `_gluon_backward`, which a
-generated launcher's `tl.gluon_backward` op calls, and `_gluon_bwd_fits`, its test of a call.
+"""The host side of the sm90 Gluon backward (`gluon_bwd_sm90.py`, `gluon_bwd_dq_sm90.py`):
+`_gluon_backward`, which a generated launcher's `tl.gluon_backward` op calls, and
+`_gluon_bwd_fits`, its test of a call.
 
 Generated modules carry this file's code after the kernels' (`printer.GLUON_BWD_FILES`); here it
 is an ordinary module, tested on the CPU with the kernels captured instead of launched.
@@ -19,15 +20,8 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnfuse.targets.triton.gluon_bwd_sm90 import (
-    _GLB_KEYS,
-    _GLB_ROWS,
-    _GLB_STAGES,
-    _GLBQ_ROWS,
-    _GLBQ_SCHEDULE,
-    attn_bwd_dq_sm90,
-    attn_bwd_sm90,
-)
+from attnfuse.targets.triton.gluon_bwd_dq_sm90 import _GLBQ_ROWS, _GLBQ_SCHEDULE, attn_bwd_dq_sm90
+from attnfuse.targets.triton.gluon_bwd_sm90 import _GLB_KEYS, _GLB_ROWS, _GLB_STAGES, attn_bwd_sm90
 from attnfuse.targets.triton.gluon_common import _gl_desc, _gl_spec, _gl_view
 from attnfuse.targets.triton.prelude import _gl_inner
 

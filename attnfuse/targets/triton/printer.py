@@ -59,8 +59,8 @@ def prelude_source() -> str:
 GLUON_FILES = ("gluon_common.py", "gluon_sm90.py", "gluon_launch.py")
 """The Gluon forward kernel's library, in the order generated modules carry it: the pieces the
 sm90 kernels share, the kernel, then its host side."""
-GLUON_BWD_FILES = ("gluon_common.py", "gluon_bwd_sm90.py", "gluon_bwd_launch.py")
-"""The same for the Gluon backward kernel."""
+GLUON_BWD_FILES = ("gluon_common.py", "gluon_bwd_sm90.py", "gluon_bwd_dq_sm90.py", "gluon_bwd_launch.py")
+"""The same for the Gluon backward kernels: the dK/dV kernel, then the ordered dQ kernel."""
 
 
 @functools.cache
