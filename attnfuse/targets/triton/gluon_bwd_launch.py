@@ -115,10 +115,10 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     args = (desc(0, _GLB_ROWS, q_layout), desc(1, _GLB_KEYS, kv_layout), desc(2, _GLB_KEYS, kv_layout),
             desc(3, _GLB_ROWS, q_layout), _gl_desc(dq_acc, d, _GLB_ROWS, d // 2, dq_layout), _glb_rows_desc(lse),
             _glb_rows_desc(delta), dk, dv, float(dk_scale), k_cos, k_sin, k_rows, k_rot_desc, n, group, hq, xargs)
-    spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq), inner,
+    spec = (q.device.index, q.dtype, d, hooks, _gl_spec(group), _gl_spec(n), _gl_spec(hq),
             tuple(_gl_spec(x) for x in (lse, delta, dk, dv, dq_acc)), tuple(_gl_spec(x) for x in xargs))
     rope_key = k_rope is None or (_gl_spec(k_cos), _gl_spec(k_sin), _gl_spec(k_rows), apply_k_rope)
-    key = ("dkdv", reduce_dq, dk.dtype, rope_key, *spec)
+    key = ("dkdv", reduce_dq, dk.dtype, rope_key, inner, *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:  # Triton's launch path: compiles or loads the binary
         _GLB_BINARIES[key] = attn_bwd_sm90[grid](*args, STAGES=_GLB_STAGES, RANGE=range_q, HOOK_FULL=full,
@@ -138,8 +138,7 @@ def _gluon_backward(q, k, v, dout, lse, delta, dq_acc, dk, dv, dk_scale, hooks, 
     inner = (inner[0], inner[1] and k_rot is None, inner[2], inner[3])
     args = (desc(0, _GLBQ_ROWS, q_tile_layout), k_desc, desc(2, keys, kv_block_layout),
             desc(3, _GLBQ_ROWS, q_tile_layout), dq_acc, lse, delta, n, group, hq, xargs)
-    spec = (*spec[:7], inner, *spec[8:])
-    key = ("dq", *spec)
+    key = ("dq", inner, *spec)
     binary = _GLB_BINARIES.get(key)
     if binary is None:
         _GLB_BINARIES[key] = attn_bwd_dq_sm90[grid](*args, STAGES=stages, RANGE=range_kv, HOOK_FULL=full,
