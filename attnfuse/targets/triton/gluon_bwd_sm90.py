@@ -82,6 +82,7 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_ring_release,
     _gl_ring_wait,
     _gl_ring_wait_free,
+    _gl_rope_at,
     _gl_rope_tables,
     _gl_rows_prologue,
     _gl_tma_reduce_add,
@@ -251,12 +252,9 @@ def _glb_store_unrotated(dk, k_rope, dk_ptr, INNER: gl.constexpr, bh, heads, N, 
     HALF: gl.constexpr = dk.shape[1] // 2
     lo, hi = gl.split(gl.permute(gl.reshape(dk, [KEYS, 2, HALF]), [0, 2, 1]))  # channels c, c + D/2
     layout: gl.constexpr = lo.type.layout
-    cos_ptr, sin_ptr, table_rows = k_rope
     rows = row0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    idx = (rows + (bh // heads) * table_rows)[:, None] * HALF + cols[None, :]
-    cos = gl.load(cos_ptr + idx)
-    sin = gl.load(sin_ptr + idx)
+    cos, sin = _gl_rope_at(k_rope, rows, cols, bh // heads)
     offs = _glb_offsets(INNER, bh, heads, N, rows, cols, 2 * HALF)
     gl.store(dk_ptr + offs, (lo * cos + hi * sin).to(dk_ptr.dtype.element_ty))
     gl.store(dk_ptr + offs + HALF, (hi * cos - lo * sin).to(dk_ptr.dtype.element_ty))

@@ -31,8 +31,9 @@ descriptor (`_gl_view`, `_gl_desc`) and the key of what Triton specialised a bin
   layout, read and written in place); row n of head bh is at (bh * N + n, 0) or
   ((bh // H) * N + n, (bh % H) * D).
 - Q's and K's transforms in shared memory (`_gl_rope_tables`, `_gl_rows_prologue`): RoPE (half
-  style, every channel; its cos and sin from the launcher's tables) and RMSNorm on a consumer's
-  rows of a tile once it arrives, as the forward rotates its Q tile and the backward its keys.
+  style, every channel; its cos and sin from the launcher's tables, `_gl_rope_at`) and RMSNorm on
+  a consumer's rows of a tile once it arrives, as the forward rotates its Q tile and the backward
+  its keys.
 - TMA reduce-add (`_gl_tma_reduce_add`): a shared-memory tile added into global memory by the
   TMA unit (`cp.reduce.async.bulk.tensor ... add`), as FlashAttention-3 accumulates dQ. Triton
   3.6's Gluon builds the op (`create_async_tma_reduce`) but exports no function for it, so
@@ -224,10 +225,18 @@ def _gl_rope_tables(rope, ROWS: gl.constexpr, HALF: gl.constexpr, row0, N, batch
     sequence's end, read row0 + r = N - 1): rows = 0 for tables by position, N for per-call
     tables of [B, N] positions."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    cos_ptr, sin_ptr, table_rows = rope
     cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1) + batch * table_rows
-    idx = rows[:, None] * HALF + cols[None, :]
+    rows = gl.minimum(row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), N - 1)
+    return _gl_rope_at(rope, rows, cols, batch)
+
+
+@gluon.jit
+def _gl_rope_at(rope, rows, cols, batch):
+    """RoPE's cos and sin (fp32) at rows[:, None] of sequence `batch` and channel pairs
+    cols[None, :] (all of them, [0, D/2): rows and cols in the layout wanted): rope = (cos, sin,
+    rows), the launcher's [*, D/2] tables, row r of sequence b at table row b * rows + r."""
+    cos_ptr, sin_ptr, table_rows = rope
+    idx = (rows + batch * table_rows)[:, None] * cols.shape[0] + cols[None, :]
     return gl.load(cos_ptr + idx), gl.load(sin_ptr + idx)
 
 
