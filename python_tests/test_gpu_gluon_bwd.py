@@ -123,7 +123,7 @@ def test_other_head_dims_differentiate_the_gluon_forward_by_the_generic_backward
     _check(ir, args, wrt, out, dout, grads)
 
 
-SWEEP = ["causal-d64-f16", "window-f16", "prefix-lm-bf16", "gemma2-rope-softcap-window-bf16"]
+SWEEP = ["causal-d64-f16", "rope-causal-d64-f16", "window-f16", "prefix-lm-bf16", "gemma2-rope-softcap-window-bf16"]
 
 
 @pytest.mark.parametrize("n", [256, 384, 640])
