@@ -45,6 +45,8 @@ CAUSAL = "attn.mask {s} causal"
 WINDOWS = {"window_softcap": 1024}
 """The variants' window (the others are causal)."""
 SHAPES = {"llama": (1, 32, 8, 128, torch.bfloat16), "paper": (4, 12, 12, 64, torch.float16)}
+FORWARD_SHAPES = SHAPES | {"gemma2": (1, 16, 8, 256, torch.bfloat16)}
+"""The shapes (batch, Hq, Hkv, head dim, dtype) of the A/B tools; Gemma 2's (head dim 256) forward only."""
 VARIANTS = {
     "causal": dict(score_ops=[CAUSAL]),
     "rope_causal": dict(q_ops=[ROPE], k_ops=[ROPE], score_ops=[CAUSAL]),

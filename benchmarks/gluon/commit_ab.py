@@ -42,6 +42,8 @@ BUILDS = ("base", "head")
 def cases(args: argparse.Namespace) -> list[dict]:
     """The cases of the command line: shape, variant, N, form (bwd: reduce or ordered dQ; fwd)."""
     forms = args.forms.split(",") if args.direction == "bwd" else ["fwd"]
+    if args.direction == "bwd" and "gemma2" in args.shapes.split(","):
+        raise SystemExit("commit_ab: gemma2 (head dim 256) has no Gluon backward; use it with --direction fwd")
     return [
         dict(shape=s, variant=v, n=int(n), form=f)
         for s in args.shapes.split(",")
@@ -52,10 +54,10 @@ def cases(args: argparse.Namespace) -> list[dict]:
 
 
 def case_ir(case: dict) -> str:
-    from backward_ab import SHAPES, VARIANTS
+    from backward_ab import FORWARD_SHAPES, VARIANTS
     from kernel_harness import variant
 
-    _, hq, hkv, d, dtype = SHAPES[case["shape"]]
+    _, hq, hkv, d, dtype = FORWARD_SHAPES[case["shape"]]
     pieces = {k: [p.replace("{D}", str(d)) for p in v] for k, v in VARIANTS[case["variant"]].items()}
     return variant(dtype=dtype, hq=hq, hkv=hkv, d=d, **pieces)
 
@@ -121,7 +123,7 @@ def relative_difference(a, b) -> float:
 def run(args: argparse.Namespace) -> None:
     import torch
     import triton
-    from backward_ab import SHAPES, backward_inputs, kernel_times
+    from backward_ab import FORWARD_SHAPES, backward_inputs, kernel_times
 
     from attnfuse.cache import load_source
 
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
     kernel_lines, rows = [], []
     for case in manifest["cases"]:
         ir = case_ir(case)
-        b, hq, hkv, d, dtype = SHAPES[case["shape"]]
+        b, hq, hkv, d, dtype = FORWARD_SHAPES[case["shape"]]
         n = case["n"]
         if case["form"] == "fwd":
             g = torch.Generator(device="cuda").manual_seed(n)
@@ -187,7 +189,7 @@ def main() -> None:
     gen.add_argument("--base", required=True, help="the commit to compare against (any git revision)")
     gen.add_argument("--dir", type=Path, required=True, help="where the sources and manifest.json go")
     gen.add_argument("--direction", choices=("bwd", "fwd"), default="bwd")
-    gen.add_argument("--shapes", default="llama,paper")
+    gen.add_argument("--shapes", default="llama,paper", help="llama, paper; gemma2 (head dim 256): fwd only")
     gen.add_argument("--variants", default="rope_causal")
     gen.add_argument("--ns", default="4096,16384")
     gen.add_argument("--forms", default="reduce", help="bwd: reduce (dQ by reduce-adds, the default), ordered")

@@ -35,14 +35,14 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python_tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backward_ab import SHAPES, VARIANTS, substituted  # noqa: E402
+from backward_ab import FORWARD_SHAPES as ALL_SHAPES  # noqa: E402
+from backward_ab import VARIANTS, substituted  # noqa: E402
 from kernel_harness import compile_for_sm90, variant  # noqa: E402
 
 from attnfuse.cache_loader import load_module  # noqa: E402
 from attnfuse.compiler import compile_module  # noqa: E402
 from attnfuse.ir import parse_module  # noqa: E402
 
-ALL_SHAPES = SHAPES | {"gemma2": (1, 16, 8, 256, torch.bfloat16)}
 KERNELS = {"fwd": ("attn_fwd_sm90",), "bwd": ("attn_bwd_sm90", "attn_bwd_dq_sm90")}
 
 

@@ -25,7 +25,11 @@ benchmarks/gluon/, "v4"): one CTA per Q tile of 64 rows per consumer warpgroup (
 causal tiles launched first.
 - A 1-warp producer partition loads Q once (a 64-row box per consumer) and streams K/V blocks
   through a ring of shared buffers with TMA (3-deep; 2-deep at head dim 256), each slot guarded
-  by K-ready / V-ready / empty mbarriers.
+  by K-ready / V-ready and K-empty / V-empty mbarriers: a K block is released once its S = Q·Kᵀ
+  is done and its softmax run, a step before its V block (after its P·V product), so the next K
+  load starts a step earlier (FlashAttention-3's separate K and V pipelines). With the 2-deep ring
+  of head dim 256 that made the kernel 1.15-1.31x as fast (H200, benchmarks/NOTES.md,
+  2026-12-04); at 64 and 128 no change beyond the spread.
 - Two (three at head dim 64 past N = 2048, one at 256 up to 1024) 4-warp consumer partitions (one
   warpgroup, 64 rows each); two take turns issuing their asynchronous wgmmas (ping-pong, through turn mbarriers), so one
   warpgroup's softmax runs while the other's matrix products occupy the tensor cores; inside
@@ -242,10 +246,11 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
     """KV blocks [lo, hi), lo > j0 (the tile's first block, whose ring slot is 0). On entry
     `p_op` holds P of block lo-1, not yet multiplied by its V. Per block j: issue S_j =
     Q·K_jᵀ and O += P_{j-1}·V_{j-1}, wait for S_j only, score ops and softmax_j, then wait for
-    the P·V, release slot j-1 and rescale O. FP8 (`fp8` not None): S_j times the block's
+    the P·V, release V_{j-1} and K_j, and rescale O. FP8 (`fp8` not None): S_j times the block's
     scales, P_j times 2^8 in e4m3, and O kept in units of the block's V scale / 2^8 (`unit`)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    k_empty, v_empty = empty_bars
     qk_scale, mult = scales
     FP8: gl.constexpr = fp8 is not None
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -275,7 +280,8 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
         else:
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         gl.thread_barrier()
-        _gl_ring_release(empty_bars, i - 1, STAGES)
+        _gl_ring_release(v_empty, i - 1, STAGES)  # V_{j-1}
+        _gl_ring_release(k_empty, i, STAGES)  # K_j
         if FP8:
             new_unit = s_v * 0.00390625
             alpha = alpha * (unit / new_unit)
@@ -301,6 +307,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     128 keys (or one per tensor: 0 blocks)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    k_empty, v_empty = empty_bars
     qk_scale, mult = scales
     FP8: gl.constexpr = fp8_scales is not None
     BITS: gl.constexpr = q_desc.dtype.primitive_bitwidth
@@ -332,6 +339,8 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
     s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _gl_turn_end(turn_bars, WG, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    gl.thread_barrier()
+    _gl_ring_release(k_empty, 0, STAGES)  # K_{j0}
     k_pos = j0 * BLOCK_N + cols
     if FP8:
         s_qk, s_v = _gl_fp8_block(fp8, j0, BLOCK_N)
@@ -388,6 +397,7 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL: gl.constexpr,
     once). FP8 (`fp8_scales` not None): V's blocks are channel-major, [D, BLOCK_N]."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars = bufs
+    k_empty, v_empty = empty_bars
     Q_BOXES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = Q_BOXES * q_desc.block_type.shape[0]  # the Q tile, one box per consumer
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -399,9 +409,10 @@ def _gl_producer(descs, bufs, fp8_scales, N, GROUP, HEADS, CAUSAL: gl.constexpr,
         q_row, q_col = _gl_at(INNER[0], off_hz, HEADS, N, pid_m * BLOCK_M + r * q_desc.block_type.shape[0], HEAD_D)
         tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(r))
     for i in range(j_end - j0):
-        _gl_ring_wait_free(empty_bars, i, STAGES)
+        _gl_ring_wait_free(k_empty, i, STAGES)
         k_row, k_col = _gl_at(INNER[1], off_hz // GROUP, HEADS // GROUP, N, (j0 + i) * BLOCK_N, HEAD_D)
         _gl_ring_load(k_desc, k_row, k_bars, k_smem, i, STAGES, k_col)
+        _gl_ring_wait_free(v_empty, i, STAGES)
         if V_T:  # channel-major V (FP8): block [D, BLOCK_N] at the head's channels and the block's keys
             slot = i % STAGES
             mbarrier.expect(v_bars.index(slot), v_desc.block_type.nbytes)
@@ -456,13 +467,16 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = _gl_barriers(STAGES)
     v_bars = _gl_barriers(STAGES)
-    empty_bars = _gl_barriers(STAGES)
+    k_empty = _gl_barriers(STAGES)  # K's slots and V's, released apart (the module docstring)
+    v_empty = _gl_barriers(STAGES)
     turn_bars = _gl_barriers(CONSUMERS)
     mbarrier.init(q_bar, count=1)
-    _gl_ring_init(k_bars, v_bars, empty_bars, STAGES, CONSUMERS)  # released by every consumer
+    _gl_ring_init(k_bars, v_bars, k_empty, STAGES, CONSUMERS)  # released by every consumer
+    for i in gl.static_range(STAGES):
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     _gl_turns_init(turn_bars)
     fence_async_shared()
-    bufs = (q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars)
+    bufs = (q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, (k_empty, v_empty), turn_bars)
     if CONSUMERS == 3:  # 3 x 128 x 160 + 128 x 24 registers: the register file
         gl.warp_specialize(
             [
