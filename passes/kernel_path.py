@@ -79,7 +79,9 @@ benchmarks/results/h200/run_2026-12-01_gluon/ and run_2026-12-01_families/):
   score_mods, with tanh by the approximate instruction);
 - head dim 256 (Gemma-2-9B's shape, H200 2026-12-02, run_2026-12-02_d256/): 1.81-1.98x the
   generic kernel for causal, 1.85-2.05x for RoPE+causal, 2.22x for softcap + window 4096, from
-  N = 2048 (and 0.84-1.10x cuDNN);
+  N = 2048 (and 0.84-1.10x cuDNN; since K and V blocks are released apart in its ring,
+  2.2-2.7x the generic kernel and 1.07-1.48x cuDNN for causal at N = 1024-16384,
+  run_2026-12-04_kv_release/);
 - head dim 64 (the paper shape, H200 2026-12-02, run_2026-12-02_d64/): three consumer
   warpgroups over 192-row Q tiles (FlashAttention-3's schedule), 1.10-1.16x the generic kernel
   for causal from N = 2048 and 1.18-1.27x for RoPE + causal from 4096 (0.92-1.00x cuDNN). Two
