@@ -16,7 +16,8 @@ descriptor (`_gl_view`, `_gl_desc`) and the key of what Triton specialised a bin
   blocks a tile visits, split into a first block, masked, unmasked and masked blocks, from the
   bounds a range hook gives.
 - The TMA ring: STAGES shared-memory slots per operand (`_gl_ring_alloc`), each guarded by a
-  ready mbarrier per operand and one empty mbarrier (`_gl_barriers`, `_gl_ring_init`). The producer waits until
+  ready mbarrier per operand and one empty mbarrier (`_gl_barriers`, `_gl_ring_init`; the forward
+  gives each operand its own empty barriers, to release K a step before V). The producer waits until
   a slot is free (`_gl_ring_wait_free`; the first STAGES waits pass at once) and loads block i
   into slot i % STAGES (`_gl_ring_load`); a consumer waits for it (`_gl_ring_wait`) and releases
   it when done (`_gl_ring_release`). Phases: the (i // STAGES)-th use of a slot waits for phase
