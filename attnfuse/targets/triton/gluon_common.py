@@ -91,14 +91,18 @@ def _gl_barriers(COUNT: gl.constexpr):
 
 
 @gluon.jit
-def _gl_ring_init(ready_a, ready_b, empty_bars, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _gl_ring_init(ready_a, ready_b, empty_bars, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, empty_b=None):
     """Initialise a ring of STAGES slots streaming two operands (K and V; Q and dO): per slot a
     ready barrier for each (one arrival: the TMA load's) and an empty barrier that completes
-    once all CONSUMERS released the slot."""
+    once all CONSUMERS released the slot; with `empty_b`, the second operand's own empty
+    barriers too (its slots then released apart from the first's)."""
     for i in gl.static_range(STAGES):
         mbarrier.init(ready_a.index(i), count=1)
         mbarrier.init(ready_b.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=CONSUMERS)
+    if empty_b is not None:
+        for i in gl.static_range(STAGES):
+            mbarrier.init(empty_b.index(i), count=CONSUMERS)
 
 
 @gluon.jit

@@ -471,9 +471,7 @@ def attn_fwd_sm90(q_desc, k_desc, v_desc, o_desc, lse_ptr, sink_ptr, cos_ptr, si
     v_empty = _gl_barriers(STAGES)
     turn_bars = _gl_barriers(CONSUMERS)
     mbarrier.init(q_bar, count=1)
-    _gl_ring_init(k_bars, v_bars, k_empty, STAGES, CONSUMERS)  # released by every consumer
-    for i in gl.static_range(STAGES):
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    _gl_ring_init(k_bars, v_bars, k_empty, STAGES, CONSUMERS, v_empty)  # released by every consumer
     _gl_turns_init(turn_bars)
     fence_async_shared()
     bufs = (q_smem, k_smem, v_smem, o_smem, p_smem, q_bar, k_bars, v_bars, (k_empty, v_empty), turn_bars)
