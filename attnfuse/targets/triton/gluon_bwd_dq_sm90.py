@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from attnfuse.targets.triton.gluon_common import (
     _gl_at,
     _gl_barriers,
+    _gl_pack16,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
@@ -98,7 +99,7 @@ def _glbq_steps(bufs, q_w, do_w, dq, lse2, delta, q_pos, off_hz, XARGS, j0, lo, 
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         k_pos = j * BLOCK_N + cols
         p, ds = HOOK(s, dp, lse2, delta, q_pos, k_pos[None, :], off_hz, *XARGS)
-        ds_op = gl.convert_layout(ds.to(q_w.dtype), op_layout)
+        ds_op = gl.convert_layout(_gl_pack16(ds, q_w.dtype), op_layout)
         _gl_turn_start(turn_bars, 2 * i + 1, WG, PINGPONG)
         dq = warpgroup_mma(ds_op, k_smem.index(slot), dq, is_async=True)
         _gl_turn_end(turn_bars, WG, PINGPONG)

@@ -76,6 +76,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from attnfuse.targets.triton.gluon_common import (
     _gl_at,
     _gl_barriers,
+    _gl_pack16,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
@@ -160,8 +161,8 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
         st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
         p, ds = HOOK(st, dpt, lse2[None, :], delta[None, :], q_pos[None, :], kv_idx, off_hz, *XARGS)
-        ds16 = ds.to(q_s.dtype)
-        dv = warpgroup_mma(gl.convert_layout(p.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
+        ds16 = _gl_pack16(ds, q_s.dtype)
+        dv = warpgroup_mma(gl.convert_layout(_gl_pack16(p, q_s.dtype), op_layout), do_s, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
         if DQ:  # half of dQ's columns over both consumers' keys, their dS from shared memory
             ds_slot = ds_smem.index(t % 2)

@@ -78,6 +78,18 @@ def _gl_block_classes(lo, f_lo, f_hi, hi, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _gl_pack16(p, dtype: gl.constexpr):
+    """p rounded to the 16-bit dtype two elements at a time (cvt.rn.f16x2 / bf16x2)."""
+    if dtype == gl.float16:
+        r = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=gl.float16,
+                                      is_pure=True, pack=2)
+    else:
+        r = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=gl.bfloat16,
+                                      is_pure=True, pack=2)
+    return r
+
+
+@gluon.jit
 def _gl_ring_alloc(desc, STAGES: gl.constexpr):
     """STAGES shared-memory slots, each one block of the TMA descriptor `desc`."""
     return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout)

@@ -62,6 +62,7 @@ from attnfuse.targets.triton.gluon_common import (
     _gl_at,
     _gl_barriers,
     _gl_block_classes,
+    _gl_pack16,
     _gl_ring_alloc,
     _gl_ring_init,
     _gl_ring_load,
@@ -288,7 +289,7 @@ def _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_po
             unit = new_unit
             p_op = _gl_p_tile(p, p_op)
         else:
-            p_op = gl.convert_layout(p.to(k_desc.dtype), p_op.type.layout)
+            p_op = gl.convert_layout(_gl_pack16(p, k_desc.dtype), p_op.type.layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     return acc, m_i, l_i, p_op, unit
 
@@ -351,7 +352,7 @@ def _gl_consumer(descs, bufs, lse_ptr, sink_ptr, rope, q_norm, scales, fp8_scale
         unit = s_v * 0.00390625
         p_op = _gl_p_tile(p, p_smem.index(WG))
     else:
-        p_op = gl.convert_layout(p.to(q_desc.dtype), p_layout)
+        p_op = gl.convert_layout(_gl_pack16(p, q_desc.dtype), p_layout)
     if RANGE is not None:
         acc, m_i, l_i, p_op, unit = _gl_blocks(descs, bufs, q_tile, acc, m_i, l_i, p_op, unit, scales, fp8, q_pos,
                                                off_hz, XARGS, j0, j0 + 1, a, False, SCORE_MASKED, NATURAL, SAFE,
