@@ -143,6 +143,9 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     PART: gl.constexpr = dq_smem.shape[2]  # D/2 columns
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], warps, instr_shape=[16, PART, 16])
+    # At head dim 128 the consumers are at the register limit: delta, folded into dPᵀ's accumulator,
+    # is then not live through the hook. At 64 the fold's per-step initialisation only costs.
+    FOLD_DELTA: gl.constexpr = dk.shape[1] >= 128
     cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     kv_idx = gl.convert_layout(k_pos, gl.SliceLayout(1, s_layout))[:, None]
     for qb in range(lo, hi):
@@ -152,15 +155,19 @@ def _glb_steps(bufs, k_all, k_w, v_w, dk, dv, k_pos, off_hz, XARGS, t, lo, hi, H
         _gl_ring_wait(q_bars, t, STAGES)
         st = warpgroup_mma(k_w, q_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                            use_acc=False, is_async=True)
+        dpt = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
+        if FOLD_DELTA:  # the product gives dPᵀ - delta, and the hook gets 0.0 for delta
+            dpt = dpt - delta_smem.index(slot).load(cols.type.layout)[None, :]  # the producer's, with Q
+            delta = 0.0
         _gl_ring_wait(do_bars, t, STAGES)
-        dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
-                            use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), dpt, use_acc=FOLD_DELTA, is_async=True)
         q_pos = qb * BLOCK_M + cols
-        lse = lse_smem.index(slot).load(cols.type.layout)  # the producer's, with Q
-        delta = delta_smem.index(slot).load(cols.type.layout)
+        lse = lse_smem.index(slot).load(cols.type.layout)
+        if not FOLD_DELTA:
+            delta = delta_smem.index(slot).load(cols.type.layout)[None, :]
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
         st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
-        p, ds = HOOK(st, dpt, lse2[None, :], delta[None, :], q_pos[None, :], kv_idx, off_hz, *XARGS)
+        p, ds = HOOK(st, dpt, lse2[None, :], delta, q_pos[None, :], kv_idx, off_hz, *XARGS)
         ds16 = _gl_pack16(ds, q_s.dtype)
         dv = warpgroup_mma(gl.convert_layout(_gl_pack16(p, q_s.dtype), op_layout), do_s, dv, is_async=True)
         dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
