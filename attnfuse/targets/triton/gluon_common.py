@@ -84,6 +84,7 @@ def _gl_pack16(p, dtype: gl.constexpr):
         r = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=gl.float16,
                                       is_pure=True, pack=2)
     else:
+        gl.static_assert(dtype == gl.bfloat16, "_gl_pack16 rounds to float16 or bfloat16")
         r = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p], dtype=gl.bfloat16,
                                       is_pure=True, pack=2)
     return r
