@@ -86,6 +86,7 @@ from attnfuse.cache_folder import private_folder, untrusted
 from attnfuse.cache_loader import interpreter_library as interpreter_library
 from attnfuse.cache_loader import load_module as load_module
 from attnfuse.cache_loader import load_source as load_source
+from attnfuse.cache_loader import require_interpretable_numpy
 from attnfuse.cache_lock import LOCK_TIMEOUT_ENV, file_lock, lock_timeout
 from attnfuse.errors import AttnFuseError
 
@@ -436,6 +437,8 @@ class KernelCache:
         memory = self._memory[spec.interpret]
         if (k := memory.get(key)) is not None:
             return k
+        if spec.interpret:
+            require_interpretable_numpy()
         with self._key_lock(key):
             if (k := memory.get(key)) is not None:
                 return k

@@ -2,6 +2,7 @@
 `TRITON_INTERPRET` set for its `@triton.jit` decorators, `load_source` imports source text
 outside the kernel cache, and `interpreter_library` lets interpreted kernels call
 Triton's own library functions (see `attnfuse.cache`, which uses them and re-exports them).
+`require_interpretable_numpy` refuses a numpy that Triton's interpreter cannot run with.
 
 Both hold process-wide locks: `load_module` while it sets `TRITON_INTERPRET` and imports,
 `interpreter_library` while an interpreted kernel runs (Triton's interpreter patches
@@ -156,6 +157,26 @@ def _restore_namespaces(saved: list[tuple[Any, dict[str, Any]]]) -> None:
                     delattr(owner, name)
             elif before[name] is not value:
                 setattr(owner, name, before[name])
+
+
+def require_interpretable_numpy() -> None:
+    """Refuse, with the versions, a numpy that Triton's interpreter cannot run with: up to Triton
+    3.6 it converts one-element arrays to Python scalars in a way numpy 2.4 rejects, so every
+    interpreted kernel would fail inside the interpreter with a TypeError."""
+    import numpy
+    import triton
+
+    from attnfuse.errors import AttnFuseError
+
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+
+    if release(numpy.__version__) >= (2, 4) and release(triton.__version__) <= (3, 6):
+        raise AttnFuseError(
+            f"the interpret backend runs Triton {triton.__version__}'s interpreter, which needs numpy < 2.4, "
+            f"and this process has numpy {numpy.__version__}: install 'numpy<2.4' (as AttnFuse's own "
+            "requirements say), or run on CUDA tensors"
+        )
 
 
 @contextlib.contextmanager

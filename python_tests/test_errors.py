@@ -176,6 +176,21 @@ def test_triton_backend_needs_cuda_tensors():
         plain_causal(Q, K, V)
 
 
+def test_interpret_backend_names_a_numpy_it_cannot_run_with(monkeypatch):
+    import numpy
+
+    @af.variant
+    def softcapped_causal(q, k, v):  # its own kernel, so no other test has it in memory
+        return af.pv(af.softmax(af.softcap(af.mask(af.qk(q, k), af.causal), 37.5)), v)
+
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    with (
+        af.backend("interpret"),
+        pytest.raises(af.AttnFuseError, match=r"needs numpy < 2.4, and this process has numpy 2.4.1"),
+    ):
+        softcapped_causal(Q, K, V)
+
+
 def test_float64_runs_on_the_reference_backend_only():
     """float64 is computed in float64 by the reference backend (for gradcheck); the kernels
     compute in float32 and refuse it, naming the backend that runs it."""
