@@ -42,7 +42,10 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
   their dK and dV accumulators in registers: per block Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (asynchronous
   wgmmas; at head dim 64 their K and V rows in registers, `_GLB_KV_REGS`, else all from shared
   memory), (P, dS) by the hook, then dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and
-  dSᵀ from registers. With `reduce_dq` (the default), also dQ's share dS K, split by columns as
+  dSᵀ from registers (rounded to 16 bits a pair at a time, `_gl_pack16`). At head dim 128 dPᵀ's
+  accumulator starts at -delta and the hook gets 0.0 for delta (`FOLD_DELTA`): delta is then not
+  live through the hook, where the consumers are at their register limit. With `reduce_dq` (the
+  default), also dQ's share dS K, split by columns as
   FlashAttention-3 splits it: both consumers store their dSᵀ into one shared [128 keys, 64 rows]
   buffer (two, by step parity) and meet at an mbarrier, then each multiplies all of it by its
   half of K's columns, stores that half of the share (64 x D/2 fp32) to its swizzled staging
@@ -55,9 +58,9 @@ How (after FlashAttention-3's `hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`, in Tri
   gradient's own, or fp32 for a K chain's kernel; back through K's RoPE with `k_rope`, each
   thread's channel pairs c, c + D/2 split out of the accumulator in registers).
 Registers (ptxas, sm_90a, on the CPU): the D64 dK/dV kernel does not spill (16
-bytes with `k_rope`); the D128 dK/dV kernel spills about 100 bytes at the Llama shape without the
-reduce-adds (484 when its consumers loaded lse and delta themselves), about 530 with them, 572 with
-`k_rope` (benchmarks/NOTES.md, 2026-12-03 and 2026-12-04).
+bytes with `k_rope`); the D128 dK/dV kernel spills 84 bytes at the Llama shape without the
+reduce-adds and 96-244 with them, across the variants (560-944 before `FOLD_DELTA`;
+benchmarks/NOTES.md, 2026-12-03 and 2026-12-04).
 """
 
 # Gluon kernels are a DSL that Triton traces (constexpr arguments, layouts as values), not
