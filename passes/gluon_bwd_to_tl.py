@@ -123,7 +123,9 @@ class GluonBackwardLowering(BackwardLowering):
         """`name(s, dp, lse2, delta, q_idx, kv_idx, off_hz, *extras) -> (p, ds)` on a
         transposed block (keys along rows): s = K Qᵀ and dp = V dOᵀ (fp32), lse2 the queries'
         log-sum-exp in base 2 and delta theirs, q_idx [1, M] and kv_idx [N, 1] positions, of
-        query head `off_hz` (batch*head). The masks are applied when `masked`."""
+        query head `off_hz` (batch*head). The masks are applied when `masked`. delta enters only
+        as dp - delta, so a kernel may pass dp - delta and 0.0 (the dK/dV kernel does at head dim
+        128, `FOLD_DELTA`)."""
         p = Params()
         kb = KernelBuilder(p, p.block)
         s = p.param("s", tl.TileType(f32), "")
