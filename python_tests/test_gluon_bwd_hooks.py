@@ -12,7 +12,9 @@ masks' definitions (Nq = Nk, queries and keys at the same positions):
   code is kept whole (for the masks causal-split understands the bounds are exact: no block is
   visited that holds no kept pair, and every whole block is run unmasked);
 - on a transposed block (keys along rows, as the dK/dV kernel has it) the masked function gives
-  P = 1 and dS = dP - delta where the mask keeps the pair, and exactly 0 for both elsewhere.
+  P = 1 and dS = dP - delta where the mask keeps the pair, and exactly 0 for both elsewhere;
+- both P/dS functions give the same bits for (dP - delta, 0.0) as for (dP, delta), which the
+  dK/dV kernel relies on at head dim 128.
 """
 
 from __future__ import annotations
@@ -61,8 +63,26 @@ def _block(p_out, ds_out, HOOK: tl.constexpr):  # noqa: N803
     tl.store(ds_out + offs, ds)
 
 
+def _folded(s_in, dp_in, lse2_in, delta_in, out, HOOK: tl.constexpr):  # noqa: N803
+    """The hook's (P, dS) on one transposed 64 x 64 block twice: with (dP, delta), and with
+    (dP - delta, 0.0), as the dK/dV kernel passes them at head dim 128 (`FOLD_DELTA`)."""
+    rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, 64)[None, :]
+    s = tl.load(s_in + rows * 64 + cols)
+    dp = tl.load(dp_in + rows * 64 + cols)
+    lse2 = tl.load(lse2_in + cols)
+    delta = tl.load(delta_in + cols)
+    queries, keys = tl.arange(0, 64)[None, :] + 64, tl.arange(0, 64)[:, None] + 64
+    p, ds = HOOK(s, dp, lse2, delta, queries, keys, 0)
+    p_f, ds_f = HOOK(s, dp - delta, lse2, 0.0, queries, keys, 0)
+    tl.store(out + rows * 64 + cols, p)
+    tl.store(out + 4096 + rows * 64 + cols, ds)
+    tl.store(out + 2 * 4096 + rows * 64 + cols, p_f)
+    tl.store(out + 3 * 4096 + rows * 64 + cols, ds_f)
+
+
 RANGES = InterpretedFunction(_ranges)
 BLOCKS = InterpretedFunction(_block)
+FOLDED = InterpretedFunction(_folded)
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +177,20 @@ def test_masked_block_keeps_what_the_mask_keeps(name: str, hooks: dict[str, tupl
     assert torch.equal(p[~kept], torch.zeros_like(p[~kept])) and torch.equal(ds[~kept], torch.zeros_like(ds[~kept]))
     assert torch.equal(p[kept], torch.ones_like(p[kept])), f"{name}: P at kept pairs with S = 0, lse = 0"
     assert (ds[kept] != 0).all() and torch.isfinite(ds[kept]).all(), f"{name}: dS at kept pairs"
+
+
+@pytest.mark.parametrize("name", [n for n, (_, _, opaque) in FAMILIES.items() if not opaque])  # no extras
+@pytest.mark.parametrize("which", ["full", "masked"])
+def test_delta_enters_only_as_dp_minus_delta(name: str, which: str, hooks: dict[str, tuple]) -> None:
+    """The dK/dV kernel at head dim 128 starts dPᵀ's accumulator at -delta and passes the hook
+    0.0 for delta: every hook must then give the same P and dS, bit for bit, on random scores
+    (a diagonal block, so the masked hook keeps some pairs and drops others)."""
+    g = torch.Generator().manual_seed(0)
+    s, dp = torch.randn(64, 64, generator=g) * 4, torch.randn(64, 64, generator=g)
+    lse2, delta = torch.randn(64, generator=g) + 8, torch.randn(64, generator=g)
+    out = torch.full((4, 64, 64), float("nan"))
+    with interpreter_library():
+        FOLDED[(1,)](s, dp, lse2, delta, out, HOOK=hooks[name][2 if which == "full" else 3])
+    p, ds, p_f, ds_f = out
+    assert torch.isfinite(ds).all() and (ds != 0).any(), f"{name}: dS of the block"
+    assert torch.equal(p, p_f) and torch.equal(ds, ds_f), f"{name} ({which}): dS changed with delta folded into dP"
