@@ -38,6 +38,8 @@ against the same model on PyTorch's attention backends, in one process.
 
 Writes DIR/hf.json (rows and environment) and DIR/hf.md; with `--profile`, one more training step
 per row under torch.profiler: DIR/profile_<model>_<N>_<impl>.txt, its kernels by their own time.
+Each training row also has the GPU's median SM clock and mean power over its timed steps
+(`nvidia-smi`, sampled every 50 ms).
 """
 
 from __future__ import annotations
@@ -207,18 +209,22 @@ def use(model: Any, name: str) -> Any:
 def train_steps(
     model: Any, ids: torch.Tensor, name: str, steps: int, warmup: int, profile: Path | None = None
 ) -> dict[str, Any]:
-    """Median step time, peak memory and the first step's loss of `steps` optimizer steps; with
-    `profile`, one more step under torch.profiler, its kernels' table written there."""
+    """Median step time, peak memory and the first step's loss of `steps` optimizer steps, and the
+    GPU's SM clock and power over them (`C.GpuSampler`); with `profile`, one more step under
+    torch.profiler, its kernels' table written there."""
     fused = ids.device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
     times: list[float] = []
     losses: list[float] = []
+    sampler = C.GpuSampler()
     if fused:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.reset_accumulated_memory_stats()
     with backend_context(name), rope_peer(name):
         for i in range(warmup + steps):
+            if i == warmup and fused:
+                sampler.start()
             t0 = time.perf_counter()
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
@@ -229,6 +235,7 @@ def train_steps(
             losses.append(loss.item())
             if i >= warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
+        gpu = sampler.stop() if fused else {}
         peak = torch.cuda.max_memory_allocated() / 2**30 if fused else None
         # cudaMalloc calls that failed and were retried after freeing the allocator's cache (each
         # synchronizes the device): a step near the memory's limit pays for them.
@@ -236,7 +243,8 @@ def train_steps(
         if profile is not None:
             profile_step(model, ids, opt, profile)
     del opt
-    return {"step_ms": statistics.median(times), "peak_gib": peak, "alloc_retries": retries, "first_loss": losses[0]}
+    return {"step_ms": statistics.median(times), "peak_gib": peak, "alloc_retries": retries, "first_loss": losses[0],
+            **gpu}  # fmt: skip
 
 
 def profile_step(model: Any, ids: torch.Tensor, opt: Any, path: Path) -> None:
@@ -534,8 +542,8 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
     if train:
         lines += ["## Training step (batch 1, bf16, fused AdamW)", "",
                   "| model | N | impl | step ms | peak GiB | alloc retries | first loss | step vs sdpa_cudnn "
-                  "| step vs sdpa_cudnn+liger_rope |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| step vs sdpa_cudnn+liger_rope | SM MHz (median) | W (mean) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
         def ratio(r: dict, impls: tuple[str, ...]) -> str:
             """Peer step ms / this row's (> 1: this row is faster)."""
@@ -545,13 +553,18 @@ def write_md(rows: list[dict], out: Path, env: dict[str, Any]) -> None:
 
         for r in train:
             if "step_ms" not in r:
-                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {r.get('error', '')[:80]} | | | | | |")
+                error = r.get("error", "")[:80]
+                lines.append(f"| {r['model']} | {r['n']} | {r['impl']} | error: {error} | | | | | | | |")
                 continue
             peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else ""
             retries = "" if r.get("alloc_retries") is None else r["alloc_retries"]
             cells = [r["model"], r["n"], r["impl"], f"{r['step_ms']:.1f}", peak, retries, f"{r['first_loss']:.4f}"]
             cells += [ratio(r, ("sdpa_cudnn", "sdpa_math")), ratio(r, ("sdpa_cudnn+liger_rope",))]
+            cells += [f"{r['sm_mhz_median']:.0f}", f"{r['power_w_mean']:.0f}"] if r.get("gpu_samples") else ["", ""]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        sampler_errors = {r["gpu_sampler"] for r in train if r.get("gpu_sampler")}
+        if sampler_errors:
+            lines += ["", f"No clock or power samples: {'; '.join(sorted(sampler_errors))}."]
         lines.append("")
     infer = [r for r in rows if r["part"] == "infer"]
     if infer:

@@ -623,6 +623,53 @@ def nvidia_smi() -> str:
         return f"nvidia-smi unavailable: {e}"
 
 
+class GpuSampler:
+    """The SM clock and the power draw of torch's current GPU, sampled every `period_ms` by
+    `nvidia-smi -lms` in a background process between `start()` and `stop()`. `stop()` gives the
+    median clock (MHz), the mean power (W) and the number of samples, or, with no samples, why
+    (no nvidia-smi: on the CPU). A row whose kernels slow the clocks for the work after them shows
+    it here, where its time alone cannot."""
+
+    def __init__(self, period_ms: int = 50):
+        self.period_ms = period_ms
+        self.proc: subprocess.Popen[str] | None = None
+        self.error = "not started"
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=uuid,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 "-lms", str(self.period_ms)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        except OSError as e:
+            self.error = f"nvidia-smi unavailable: {e}"
+
+    def stop(self) -> dict[str, Any]:
+        if self.proc is None:
+            return {"gpu_samples": 0, "gpu_sampler": self.error}
+        self.proc.terminate()
+        out, err = self.proc.communicate(timeout=30)
+        self.proc = None
+        by_gpu: dict[str, list[tuple[float, float]]] = {}
+        for line in out.splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                by_gpu.setdefault(parts[0], []).append((float(parts[1]), float(parts[2])))
+            except (IndexError, ValueError):  # "[N/A]", or a line cut by the termination
+                continue
+        ours = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+        samples = by_gpu.get(ours) or (next(iter(by_gpu.values())) if len(by_gpu) == 1 else [])
+        if not samples:
+            why = f"GPUs {sorted(by_gpu)} sampled, none is torch's {ours}" if by_gpu else err.strip() or "no samples"
+            return {"gpu_samples": 0, "gpu_sampler": why[:200]}
+        return {
+            "gpu_samples": len(samples),
+            "sm_mhz_median": sorted(c for c, _ in samples)[len(samples) // 2],
+            "power_w_mean": sum(w for _, w in samples) / len(samples),
+        }
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename (a killed run leaves the last
     complete file)."""
